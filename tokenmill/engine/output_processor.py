@@ -1,0 +1,150 @@
+"""Turn new token ids into text, find stop strings, and assemble RequestOutputs.
+
+Text that could still turn out to be the start of a stop string is held back from the visible
+output until the next tokens show it is not, so a streaming client never sees a stop string it
+should not (or half of one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenmill.engine.outputs import CompletionOutput, RequestOutput
+from tokenmill.engine.request import Request
+from tokenmill.loader.detokenizer import IncrementalDetokenizer
+from tokenmill.loader.tokenizer import Tokenizer
+from tokenmill.sampling.sampler import TokenLogprobs
+
+
+@dataclass
+class SequenceState:
+    request: Request
+    index: int
+    detokenizer: IncrementalDetokenizer
+    text: str = ""
+    logprobs: list[TokenLogprobs] | None = None
+    cumulative_logprob: float = 0.0
+    num_processed_tokens: int = 0
+
+    @property
+    def visible_text(self) -> str:
+        if self.request.is_finished:
+            return self.text
+        hold = max((len(s) for s in self.request.params.stop), default=1) - 1
+        return self.text[: len(self.text) - hold] if hold else self.text
+
+    def completion(self) -> CompletionOutput:
+        request = self.request
+        return CompletionOutput(
+            index=self.index,
+            text=self.visible_text,
+            token_ids=list(request.output_token_ids),
+            cumulative_logprob=self.cumulative_logprob if self.logprobs is not None else None,
+            logprobs=None if self.logprobs is None else list(self.logprobs),
+            finish_reason=None if request.finish_reason is None else str(request.finish_reason),
+            stop_reason=request.stop_reason,
+        )
+
+
+@dataclass
+class ParentState:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    sequences: list[SequenceState] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return all(seq.request.is_finished for seq in self.sequences)
+
+    def output(self) -> RequestOutput:
+        first = self.sequences[0].request
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            outputs=[seq.completion() for seq in self.sequences],
+            finished=self.finished,
+            num_cached_tokens=first.num_cached_tokens,
+            metrics=first.metrics,
+        )
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._parents: dict[str, ParentState] = {}
+        self._sequences: dict[str, tuple[ParentState, SequenceState]] = {}
+
+    def add(self, request_id: str, prompt: str | None, children: list[Request]) -> None:
+        parent = ParentState(request_id, prompt, list(children[0].prompt_token_ids))
+        for index, child in enumerate(children):
+            seq = SequenceState(
+                request=child,
+                index=index,
+                detokenizer=IncrementalDetokenizer(self.tokenizer, child.params.skip_special_tokens),
+                logprobs=[] if child.params.logprobs is not None else None,
+            )
+            parent.sequences.append(seq)
+            self._sequences[child.request_id] = (parent, seq)
+        self._parents[request_id] = parent
+
+    def child_ids(self, request_id: str) -> list[str]:
+        parent = self._parents.get(request_id)
+        return [] if parent is None else [seq.request.request_id for seq in parent.sequences]
+
+    def update_text(
+        self, progressed: list[Request], logprobs: dict[str, TokenLogprobs]
+    ) -> list[tuple[Request, str]]:
+        """Detokenize new tokens; returns (request, stop string) for each stop string found."""
+        stops = []
+        for request in progressed:
+            _, seq = self._sequences[request.request_id]
+            new_ids = request.output_token_ids[seq.num_processed_tokens :]
+            seq.num_processed_tokens = len(request.output_token_ids)
+            if request.request_id in logprobs and seq.logprobs is not None:
+                entry = logprobs[request.request_id]
+                seq.logprobs.append(entry)
+                seq.cumulative_logprob += entry.logprob
+            searched_from = len(seq.text)
+            seq.text += seq.detokenizer.add_tokens(new_ids)
+            if request.is_finished:
+                seq.text += seq.detokenizer.flush()
+            else:
+                stop = self._find_stop(seq, searched_from)
+                if stop is not None:
+                    stops.append((request, stop))
+        return stops
+
+    def outputs(self, requests: list[Request]) -> list[RequestOutput]:
+        """One RequestOutput per parent among `requests`; finished parents are forgotten."""
+        parents: dict[str, ParentState] = {}
+        for request in requests:
+            parent, _ = self._sequences[request.request_id]
+            parents[parent.request_id] = parent
+        results = [parent.output() for parent in parents.values()]
+        for parent in parents.values():
+            if parent.finished:
+                self.drop(parent.request_id)
+        return results
+
+    def drop(self, request_id: str) -> None:
+        parent = self._parents.pop(request_id, None)
+        if parent is not None:
+            for seq in parent.sequences:
+                self._sequences.pop(seq.request.request_id, None)
+
+    @staticmethod
+    def _find_stop(seq: SequenceState, searched_from: int) -> str | None:
+        """Cut the text at the earliest stop string that the new text completed."""
+        params = seq.request.params
+        best: tuple[int, str] | None = None
+        for stop in params.stop:
+            at = seq.text.find(stop, max(0, searched_from - len(stop) + 1))
+            if at != -1 and (best is None or at < best[0]):
+                best = (at, stop)
+        if best is None:
+            return None
+        at, stop = best
+        seq.text = seq.text[: at + len(stop)] if params.include_stop_str_in_output else seq.text[:at]
+        return stop

@@ -1,0 +1,36 @@
+"""What the engine hands back each step, under vLLM's names so callers can switch engines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenmill.engine.request import RequestMetrics
+from tokenmill.sampling.sampler import TokenLogprobs
+
+
+@dataclass
+class CompletionOutput:
+    """One generated sequence so far (of `n` for the request), cumulative."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[TokenLogprobs] | None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int
+    metrics: RequestMetrics

@@ -1,0 +1,95 @@
+"""A request as the scheduler sees it: token ids, progress counters, status. No tensors."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from tokenmill.sampling.params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_tokens or the model's context length
+    ABORT = "abort"  # cancelled by the caller
+
+
+@dataclass
+class RequestMetrics:
+    """Wall-clock times (time.monotonic seconds) from which TTFT, TPOT and latency follow."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    num_preemptions: int = 0
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence to generate.
+
+    There is no prefill or decode phase: `num_computed_tokens` trails `num_tokens`, and each
+    step the scheduler hands out some of the difference. Preemption resets the counter to 0.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_ids: frozenset[int] = frozenset()
+    priority: int = 0
+    max_model_len: int = 1 << 31
+    arrival_order: int = 0  # FCFS tie-break within a priority, assigned by the scheduler
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first schedule
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    block_hashes: list[int] = field(default_factory=list)  # of each full block, in order
+    metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.monotonic()))
+
+    def __post_init__(self) -> None:
+        self.all_token_ids: list[int] = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def check_stop(self) -> bool:
+        """After a token was appended: should generation end here? Sets the finish reason."""
+        last = self.output_token_ids[-1]
+        num_output = len(self.output_token_ids)
+        if num_output >= self.params.min_tokens:
+            if last in self.params.stop_token_ids:
+                self.finish_reason, self.stop_reason = FinishReason.STOP, last
+                return True
+            if not self.params.ignore_eos and last in self.eos_token_ids:
+                self.finish_reason = FinishReason.STOP
+                return True
+        if self.params.max_tokens is not None and num_output >= self.params.max_tokens:
+            self.finish_reason = FinishReason.LENGTH
+            return True
+        if self.num_tokens >= self.max_model_len:
+            self.finish_reason = FinishReason.LENGTH
+            return True
+        return False

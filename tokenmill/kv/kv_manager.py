@@ -1,0 +1,98 @@
+"""Block tables of the running requests over one BlockPool, and prefix-cache reuse.
+
+`allocate_slots` is the single question the scheduler asks: can this request add N tokens to
+its KV? False means "preempt somebody first". Blocks are taken as tokens arrive, except in the
+contiguous mode, which reserves a whole max-length span up front as the baseline to beat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenmill.engine.request import Request
+from tokenmill.kv.block_pool import BlockPool, KVBlock, hash_block
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        reserve_tokens: int | None = None,
+    ) -> None:
+        """`reserve_tokens`: when set, every request is given that many slots at admission."""
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
+        self.reserve_tokens = reserve_tokens
+        self._tables: dict[str, list[KVBlock]] = {}
+        self._num_published: dict[str, int] = {}  # leading blocks already in the prefix cache
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by requests (cached-but-free blocks count as free)."""
+        return 1.0 - self.pool.num_free_blocks / self.pool.num_blocks
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [block.block_id for block in self._tables.get(request_id, ())]
+
+    def num_blocks_held(self, request_id: str) -> int:
+        return len(self._tables.get(request_id, ()))
+
+    def find_cached_prefix(self, request: Request) -> list[KVBlock]:
+        """The longest run of leading full blocks already cached. The last token is always left
+        to compute, because its logits are what the next token is sampled from."""
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        self._extend_block_hashes(request, max_blocks)
+        hits: list[KVBlock] = []
+        for i in range(max_blocks):
+            start = i * self.block_size
+            tokens = request.all_token_ids[start : start + self.block_size]
+            block = self.pool.lookup(request.block_hashes[i], tokens)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, cached_prefix: Sequence[KVBlock] = ()
+    ) -> bool:
+        """Make room for `num_new_tokens` after the request's computed tokens, which include
+        the `cached_prefix` blocks a new request is about to take over."""
+        table = self._tables.get(request.request_id, [])
+        num_after = request.num_computed_tokens + num_new_tokens
+        span = num_after if self.reserve_tokens is None else max(num_after, self.reserve_tokens)
+        needed = -(-span // self.block_size) - len(table) - len(cached_prefix)
+        revived = sum(1 for block in cached_prefix if block.ref_count == 0)
+        if needed > self.pool.num_free_blocks - revived:
+            return False
+        self.pool.acquire(cached_prefix)
+        table = [*table, *cached_prefix, *self.pool.allocate(max(needed, 0))]
+        self._tables[request.request_id] = table
+        self._publish_full_blocks(request, table, num_after)
+        return True
+
+    def free(self, request: Request) -> None:
+        table = self._tables.pop(request.request_id, [])
+        self._num_published.pop(request.request_id, None)
+        self.pool.release(reversed(table))
+
+    def _publish_full_blocks(self, request: Request, table: list[KVBlock], num_tokens: int) -> None:
+        """Cache the blocks this step fills: their token ids are known before the forward pass
+        writes their KV, and a same-step reader attends only after every write of its layer."""
+        if not self.pool.enable_caching:
+            return
+        full = min(num_tokens, request.num_tokens) // self.block_size
+        self._extend_block_hashes(request, full)
+        start = self._num_published.get(request.request_id, 0)
+        for i in range(start, full):
+            tokens = request.all_token_ids[i * self.block_size : (i + 1) * self.block_size]
+            self.pool.cache(table[i], request.block_hashes[i], tokens)
+        self._num_published[request.request_id] = max(start, full)
+
+    def _extend_block_hashes(self, request: Request, num_blocks: int) -> None:
+        hashes = request.block_hashes
+        for i in range(len(hashes), num_blocks):
+            parent = hashes[i - 1] if i else None
+            start = i * self.block_size
+            hashes.append(hash_block(parent, request.all_token_ids[start : start + self.block_size]))

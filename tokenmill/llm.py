@@ -1,0 +1,93 @@
+"""The offline API: `LLM(model=...).generate(prompts, params)` runs a batch to completion."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from tokenmill.config import EngineArgs
+from tokenmill.engine.engine import LLMEngine, PromptInput
+from tokenmill.engine.outputs import RequestOutput
+from tokenmill.sampling.params import SamplingParams
+
+Conversation = list[dict[str, str]]
+
+
+class LLM:
+    def __init__(self, model: str = EngineArgs.model, **engine_args: Any) -> None:
+        self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self):  # noqa: ANN201 - the engine's Tokenizer
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Outputs in the order of `prompts`. A single prompt may be a str, a dict or a list of
+        token ids; a list of str, dicts or id lists is a batch."""
+        batch = _as_batch(prompts)
+        params = _per_prompt(sampling_params or SamplingParams(), len(batch), "sampling_params")
+        priorities = _per_prompt(priority or 0, len(batch), "priority")
+        ids = [str(next(self._ids)) for _ in batch]
+        try:
+            for request_id, prompt, p, prio in zip(ids, batch, params, priorities, strict=True):
+                self.engine.add_request(request_id, prompt, p, priority=prio)
+        except ValueError:
+            self.engine.abort_request(ids)
+            raise
+        return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Render each conversation with the model's chat template, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [
+            {
+                "prompt_token_ids": self.tokenizer.encode(
+                    self.tokenizer.apply_chat_template(conv, add_generation_prompt),
+                    add_special_tokens=False,
+                )
+            }
+            for conv in conversations
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm) as bar:
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        bar.update(1)
+        return [finished[request_id] for request_id in ids]
+
+
+def _as_batch(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
+    if isinstance(prompts, str | dict):
+        return [prompts]
+    if isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
+        return [prompts]
+    return list(prompts)
+
+
+def _per_prompt(value: Any, count: int, name: str) -> list[Any]:
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) != count:
+            raise ValueError(f"{name} has {len(value)} entries for {count} prompts")
+        return list(value)
+    return [value] * count

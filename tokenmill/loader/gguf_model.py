@@ -1,0 +1,104 @@
+"""Turn a GGUF file into a ModelConfig and Hugging Face-named weights.
+
+llama.cpp's converter reorders the rows of the Llama query and key projections so its rotary
+kernel can rotate adjacent pairs; tokenmill rotates (i, i + d/2) pairs like Hugging Face, so
+those rows are put back here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from tokenmill.config import ModelConfig
+from tokenmill.loader.errors import ModelLoadError
+from tokenmill.loader.gguf_file import GGUFFile
+
+# GGUF general.architecture -> Hugging Face architecture name.
+GGUF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+}
+
+# Architectures whose GGUF conversion permuted the Q/K rows for llama.cpp's rotary layout.
+_PERMUTED_QK = {"llama"}
+
+_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def gguf_model_config(gguf: GGUFFile) -> ModelConfig:
+    arch = gguf.architecture
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"{gguf.path}: GGUF architecture {arch!r} is not supported; supported: "
+            + ", ".join(sorted(GGUF_ARCHITECTURES))
+        )
+    try:
+        hidden = int(gguf.arch_value("embedding_length"))
+        heads = int(gguf.arch_value("attention.head_count"))
+        names = {info.name for info in gguf.tensor_infos}
+        return ModelConfig(
+            architecture=GGUF_ARCHITECTURES[arch],
+            vocab_size=int(
+                gguf.arch_value("vocab_size") or len(gguf.metadata["tokenizer.ggml.tokens"])
+            ),
+            hidden_size=hidden,
+            intermediate_size=int(gguf.arch_value("feed_forward_length")),
+            num_hidden_layers=int(gguf.arch_value("block_count")),
+            num_attention_heads=heads,
+            num_key_value_heads=int(gguf.arch_value("attention.head_count_kv", heads)),
+            head_dim=int(gguf.arch_value("attention.key_length", hidden // heads)),
+            rms_norm_eps=float(gguf.arch_value("attention.layer_norm_rms_epsilon")),
+            rope_theta=float(gguf.arch_value("rope.freq_base", 10000.0)),
+            max_position_embeddings=int(gguf.arch_value("context_length")),
+            tie_word_embeddings="output.weight" not in names,
+            attention_bias="blk.0.attn_q.bias" in names,
+        )
+    except (KeyError, TypeError) as exc:
+        raise ModelLoadError(f"{gguf.path}: GGUF metadata lacks a model field: {exc}") from exc
+
+
+def gguf_weights(
+    gguf: GGUFFile, config: ModelConfig, dtype: torch.dtype
+) -> Iterator[tuple[str, torch.Tensor]]:
+    unpermute = gguf.architecture in _PERMUTED_QK
+    for name, tensor in gguf.tensors(dtype):
+        hf_name = hf_tensor_name(name)
+        if unpermute and ".q_proj." in hf_name:
+            tensor = unpermute_rotary_rows(tensor, config.num_attention_heads)
+        elif unpermute and ".k_proj." in hf_name:
+            tensor = unpermute_rotary_rows(tensor, config.num_key_value_heads)
+        yield hf_name, tensor
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    if gguf_name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_TENSORS:
+        return f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}.{parts[3]}"
+    raise ModelLoadError(f"GGUF tensor {gguf_name!r} has no known Hugging Face name")
+
+
+def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's per-head interleave: rows (0, d/2, 1, d/2+1, ...) back to (0, 1, ...)."""
+    rows = weight.shape[0]
+    head_dim = rows // num_heads
+    grouped = weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:])
+    return grouped.transpose(1, 2).reshape(weight.shape)

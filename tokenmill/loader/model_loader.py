@@ -1,0 +1,43 @@
+"""One entry point from `--model` to a ready model and its tokenizer, whatever the format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tokenmill.config import ModelConfig
+from tokenmill.loader.gguf_file import GGUFFile
+from tokenmill.loader.gguf_model import gguf_model_config, gguf_weights
+from tokenmill.loader.hf_dir import hf_model_config, hf_weights
+from tokenmill.loader.resolve import resolve_model
+from tokenmill.loader.tokenizer import Tokenizer
+from tokenmill.model.registry import build_model
+
+
+@dataclass
+class LoadedModel:
+    path: Path
+    config: ModelConfig
+    model: nn.Module
+    tokenizer: Tokenizer
+
+
+def load_model(model: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    path = resolve_model(model)
+    if path.is_dir():
+        config = hf_model_config(path)
+        tokenizer = Tokenizer.from_pretrained_dir(path)
+        weights = hf_weights(path, dtype)
+    else:
+        gguf = GGUFFile(path)
+        config = gguf_model_config(gguf)
+        tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata)
+        weights = gguf_weights(gguf, config, dtype)
+    with torch.device("meta"):
+        module = build_model(config)
+    module = module.to_empty(device="cpu").to(dtype)
+    module.load_weights(weights)
+    return LoadedModel(path, config, module.eval(), tokenizer)

@@ -1,0 +1,188 @@
+"""Attention over a flat batch of sequences whose keys and values live in a paged KV cache.
+
+The runner describes the batch once per step in `AttentionMetadata`; every layer then writes
+its new keys and values into the cache slots named there and attends over each sequence's
+blocks. Without a cache (`kv_cache=None`) each sequence's query is its whole context, the
+baseline that recomputes everything every step.
+
+Cache layout per layer: `[2, num_blocks, block_size, num_kv_heads, head_dim]` (K then V).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+
+@dataclass(frozen=True)
+class PrefillSegment:
+    """One sequence whose query has several tokens (a prompt chunk, or all of it)."""
+
+    query_start: int
+    query_end: int
+    seq_len: int
+    block_table: torch.Tensor | None  # [blocks_needed]; None when the context is just the query
+
+    @property
+    def query_len(self) -> int:
+        return self.query_end - self.query_start
+
+
+@dataclass(frozen=True)
+class DecodeGroup:
+    """Sequences with exactly one new token each, attended together in one batched product."""
+
+    token_index: torch.Tensor  # [B] positions of their tokens in the flat batch
+    block_tables: torch.Tensor  # [B, max_blocks]
+    mask: torch.Tensor  # [B, max_blocks * block_size] additive: 0 inside the context, -inf past it
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """The batch's layout, built once per step and shared by every layer."""
+
+    num_tokens: int
+    slot_mapping: torch.Tensor | None  # [num_tokens] flat cache slot of each new token
+    prefills: tuple[PrefillSegment, ...]
+    decode: DecodeGroup | None
+
+    @classmethod
+    def build(
+        cls,
+        query_lens: Sequence[int],
+        seq_lens: Sequence[int],
+        block_tables: Sequence[Sequence[int]] | None,
+        block_size: int,
+        slot_mapping: Sequence[int] | None,
+    ) -> AttentionMetadata:
+        """`seq_lens[i]` counts sequence i's tokens in context once this step's are added."""
+        starts = [0]
+        for n in query_lens:
+            starts.append(starts[-1] + n)
+        prefills: list[PrefillSegment] = []
+        decode_rows: list[int] = []
+        for i, (q_len, s_len) in enumerate(zip(query_lens, seq_lens, strict=True)):
+            if block_tables is not None and q_len == 1:
+                decode_rows.append(i)
+                continue
+            table = None
+            if block_tables is not None and s_len > q_len:
+                needed = -(-s_len // block_size)
+                table = torch.tensor(block_tables[i][:needed], dtype=torch.long)
+            prefills.append(PrefillSegment(starts[i], starts[i + 1], s_len, table))
+        decode = None
+        if decode_rows:
+            assert block_tables is not None
+            decode = _decode_group(decode_rows, starts, seq_lens, block_tables, block_size)
+        slots = None if slot_mapping is None else torch.tensor(slot_mapping, dtype=torch.long)
+        return cls(starts[-1], slots, tuple(prefills), decode)
+
+
+def _decode_group(
+    rows: list[int],
+    starts: list[int],
+    seq_lens: Sequence[int],
+    block_tables: Sequence[Sequence[int]],
+    block_size: int,
+) -> DecodeGroup:
+    max_blocks = max(-(-seq_lens[i] // block_size) for i in rows)
+    table = torch.zeros(len(rows), max_blocks, dtype=torch.long)
+    for r, i in enumerate(rows):
+        used = block_tables[i][:max_blocks]
+        table[r, : len(used)] = torch.tensor(used, dtype=torch.long)
+    lens = torch.tensor([seq_lens[i] for i in rows])
+    span = torch.arange(max_blocks * block_size)
+    mask = torch.zeros(len(rows), max_blocks * block_size)
+    mask.masked_fill_(span[None, :] >= lens[:, None], float("-inf"))
+    index = torch.tensor([starts[i] for i in rows], dtype=torch.long)
+    return DecodeGroup(index, table, mask)
+
+
+def write_kv_cache(
+    kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """Store the step's keys and values at their slots (`slot = block * block_size + offset`)."""
+    flat = kv_cache.view(2, -1, *kv_cache.shape[-2:])
+    flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
+    flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor | None,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """q: [T, heads, d]; k, v: [T, kv_heads, d] for this step's tokens. Returns [T, heads, d]."""
+    if kv_cache is not None and meta.slot_mapping is not None:
+        write_kv_cache(kv_cache, meta.slot_mapping, k, v)
+    out = torch.empty_like(q)
+    for seg in meta.prefills:
+        rows = slice(seg.query_start, seg.query_end)
+        if seg.block_table is None:
+            seg_k, seg_v = k[rows], v[rows]
+        else:
+            assert kv_cache is not None
+            seg_k, seg_v = gather_context(kv_cache, seg.block_table, seg.seq_len)
+        out[rows] = causal_attention(q[rows], seg_k, seg_v, scale)
+    if meta.decode is not None:
+        assert kv_cache is not None
+        group = meta.decode
+        out[group.token_index] = decode_attention(
+            q[group.token_index], kv_cache, group.block_tables, group.mask, scale
+        )
+    return out
+
+
+def gather_context(
+    kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sequence's first `seq_len` keys and values, read through its block table."""
+    blocks = kv_cache[:, block_table]  # [2, n, block_size, kv_heads, d]
+    flat = blocks.reshape(2, -1, *kv_cache.shape[-2:])[:, :seq_len]
+    return flat[0], flat[1]
+
+
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """The query holds the last `len(q)` of the `len(k)` context positions; GQA by head groups."""
+    q_len, kv_len = q.shape[0], k.shape[0]
+    qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    if q_len == kv_len:
+        out = F.scaled_dot_product_attention(
+            qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True
+        )
+    else:
+        offset = kv_len - q_len
+        allowed = torch.ones(q_len, kv_len, dtype=torch.bool).tril(diagonal=offset)
+        out = F.scaled_dot_product_attention(
+            qh, kh, vh, attn_mask=allowed, scale=scale, enable_gqa=True
+        )
+    return out.squeeze(0).transpose(0, 1)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per sequence, batched; query heads grouped per KV head (no K/V repeat)."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = kv_cache.shape[-2]
+    group = num_heads // num_kv_heads
+    blocks = kv_cache[:, block_tables]  # [2, B, max_blocks, block_size, kv_heads, d]
+    kv = blocks.reshape(2, batch, -1, num_kv_heads, head_dim).permute(0, 1, 3, 2, 4)
+    keys, values = kv[0].to(q.dtype), kv[1].to(q.dtype)  # [B, kv_heads, L, d]
+    grouped = q.view(batch, num_kv_heads, group, head_dim)
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)) * scale  # [B, kv_heads, group, L]
+    scores = scores + mask[:, None, None, :].to(scores.dtype)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, values).reshape(batch, num_heads, head_dim)

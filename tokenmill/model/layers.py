@@ -1,0 +1,100 @@
+"""Building blocks shared by the decoder architectures: RMSNorm, rotary embedding, SwiGLU MLP."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def rope_inverse_frequencies(
+    head_dim: int, theta: float, scaling: dict[str, Any] | None
+) -> torch.Tensor:
+    """Per-pair rotation speeds, with Llama 3's long-context rescaling when the config asks."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim
+    inv_freq = 1.0 / (theta**exponents)
+    if not scaling:
+        return inv_freq
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default"):
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / float(scaling["factor"])
+    if kind == "llama3":
+        return _llama3_scaled(inv_freq, scaling)
+    raise ValueError(f"rope_scaling type {kind!r} is not supported; supported: linear, llama3")
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    """Slow the low frequencies by `factor`, keep the high ones, blend smoothly in between."""
+    factor = float(scaling["factor"])
+    low = float(scaling.get("low_freq_factor", 1.0))
+    high = float(scaling.get("high_freq_factor", 4.0))
+    original = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    in_between = (wavelen <= original / low) & (wavelen >= original / high)
+    return torch.where(in_between, blended, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates query and key pairs (i, i + d/2) by position-dependent angles (GPT-NeoX layout)."""
+
+    def __init__(
+        self,
+        head_dim: int,
+        max_positions: int,
+        theta: float,
+        scaling: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        # Plain fp32 attributes on the CPU, not buffers: the tables stay exact when the model is
+        # built on the meta device and materialised, or cast to a lower precision.
+        inv_freq = rope_inverse_frequencies(head_dim, theta, scaling)
+        positions = torch.arange(max_positions, dtype=torch.float64, device="cpu")
+        angles = torch.outer(positions, inv_freq)
+        self.cos = angles.cos().float()
+        self.sin = angles.sin().float()
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    first, second = x.float().chunk(2, dim=-1)
+    rotated = torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+    return rotated.to(x.dtype)
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU feed-forward with gate and up projections merged into one matrix product."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

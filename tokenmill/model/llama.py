@@ -1,0 +1,167 @@
+"""The Llama decoder family (Llama 2/3, SmolLM2, Mistral, Qwen2) in plain PyTorch.
+
+The forward pass takes one flat batch of tokens from many sequences; what belongs to which
+sequence, and where its keys and values live, is the `AttentionMetadata`'s business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from tokenmill.config import ModelConfig
+from tokenmill.model.attention import AttentionMetadata, attention
+from tokenmill.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim**-0.5
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.rotary = rotary
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        kv_cache: torch.Tensor | None,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        out = attention(q, k, v, kv_cache, meta, self.scale)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, rotary)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        kv_cache: torch.Tensor | None,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        rotary = RotaryEmbedding(
+            config.head_dim,
+            config.max_position_embeddings,
+            config.rope_theta,
+            config.rope_scaling,
+        )
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, rotary) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor] | None,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Final hidden states `[num_tokens, hidden]`; the caller picks which rows to project."""
+        hidden = self.embed_tokens(input_ids)
+        for i, layer in enumerate(self.layers):
+            hidden = layer(positions, hidden, None if kv_caches is None else kv_caches[i], meta)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors in, packing q/k/v and gate/up into merged matrices."""
+        self.tie_weights()
+        params = dict(self.named_parameters(remove_duplicate=False))
+        packed = _packed_slices(self.config)
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if name.endswith("rotary_emb.inv_freq"):
+                continue
+            target, rows = name, None
+            for part, (merged, start, stop) in packed.items():
+                if f".{part}." in name:
+                    target, rows = name.replace(part, merged), slice(start, stop)
+                    break
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
+            param = params[target]
+            dest = param.data if rows is None else param.data[rows]
+            if dest.shape != tensor.shape:
+                raise ValueError(
+                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}; "
+                    f"expected {tuple(dest.shape)}"
+                )
+            dest.copy_(tensor)
+            loaded.add(target if rows is None else f"{target}[{rows}]")
+        if self.config.tie_word_embeddings:
+            loaded.add("lm_head.weight")
+        expected = _expected_names(params, packed)
+        missing = sorted(expected - loaded)
+        if missing:
+            raise ValueError(f"checkpoint is missing tensors: {', '.join(missing[:8])}")
+
+
+def _packed_slices(config: ModelConfig) -> dict[str, tuple[str, int, int]]:
+    """Checkpoint projection name -> (merged parameter name, first row, end row)."""
+    q = config.num_attention_heads * config.head_dim
+    kv = config.num_key_value_heads * config.head_dim
+    ffn = config.intermediate_size
+    return {
+        "q_proj": ("qkv_proj", 0, q),
+        "k_proj": ("qkv_proj", q, q + kv),
+        "v_proj": ("qkv_proj", q + kv, q + 2 * kv),
+        "gate_proj": ("gate_up_proj", 0, ffn),
+        "up_proj": ("gate_up_proj", ffn, 2 * ffn),
+    }
+
+
+def _expected_names(
+    params: dict[str, nn.Parameter], packed: dict[str, tuple[str, int, int]]
+) -> set[str]:
+    expected: set[str] = set()
+    for name in params:
+        merged_parts = [
+            (start, stop) for merged, start, stop in packed.values() if f".{merged}." in name
+        ]
+        if not merged_parts:
+            expected.add(name)
+        for start, stop in merged_parts:
+            expected.add(f"{name}[{slice(start, stop)}]")
+    return expected
