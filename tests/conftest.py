@@ -22,7 +22,7 @@ def smollm(smollm_path: Path) -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
-def hf_smollm(smollm_path: Path):  # noqa: ANN201 - a transformers model, the numerical oracle
+def hf_smollm(smollm_path: Path):
     import transformers  # test-only dependency, never imported by tokenmill itself
 
     model = transformers.AutoModelForCausalLM.from_pretrained(

@@ -7,7 +7,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-from tokenmill.config import KV_CACHE_MODES, SCHEDULERS, DTYPES, EngineArgs
+from tokenmill.config import DTYPES, KV_CACHE_MODES, SCHEDULERS, EngineArgs
 from tokenmill.engine.engine import LLMEngine, PromptInput
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.loader.errors import ModelLoadError
@@ -17,19 +17,24 @@ from tokenmill.sampling.params import SamplingParams
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     defaults = EngineArgs.__dataclass_fields__
     group = parser.add_argument_group("engine")
-    group.add_argument("--model", default=defaults["model"].default,
-                       help="a .gguf file, a Hugging Face directory, or a packaged model name")
+    group.add_argument(
+        "--model",
+        default=defaults["model"].default,
+        help="a .gguf file, a Hugging Face directory, or a packaged model name",
+    )
     group.add_argument("--dtype", default="float32", choices=list(DTYPES))
     group.add_argument("--kv-cache", default="paged", choices=KV_CACHE_MODES)
     group.add_argument("--block-size", type=int, default=16)
     group.add_argument("--kv-cache-memory", default="1GiB", help="bytes or e.g. 2GiB")
-    group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                       default=True)
+    group.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
+    )
     group.add_argument("--scheduler", default="continuous", choices=SCHEDULERS)
     group.add_argument("--max-num-seqs", type=int, default=64)
     group.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    group.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
-                       default=True)
+    group.add_argument(
+        "--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True
+    )
     group.add_argument("--max-model-len", type=int, default=None)
 
 
@@ -88,7 +93,10 @@ def stream(
 
 def chat_prompt(engine: LLMEngine, messages: list[dict[str, str]]) -> PromptInput:
     text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    return {"prompt": text, "prompt_token_ids": engine.tokenizer.encode(text, add_special_tokens=False)}
+    return {
+        "prompt": text,
+        "prompt_token_ids": engine.tokenizer.encode(text, add_special_tokens=False),
+    }
 
 
 def cmd_generate(ns: argparse.Namespace) -> int:
@@ -99,7 +107,8 @@ def cmd_generate(ns: argparse.Namespace) -> int:
         prompt = chat_prompt(engine, [{"role": "user", "content": ns.prompt}])
     start = time.monotonic()
     output = None
-    for delta, output in stream(engine, prompt, params):
+    for delta, latest in stream(engine, prompt, params):
+        output = latest
         sys.stdout.write(delta)
         sys.stdout.flush()
     end = time.monotonic()
@@ -152,9 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     generate = commands.add_parser("generate", help="stream a completion for one prompt")
     generate.add_argument("prompt")
-    generate.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    generate.add_argument("--stats", action="store_true",
-                          help="print time to first token and decode tokens/s to stderr")
+    generate.add_argument(
+        "--chat", action="store_true", help="wrap the prompt in the chat template"
+    )
+    generate.add_argument(
+        "--stats",
+        action="store_true",
+        help="print time to first token and decode tokens/s to stderr",
+    )
     add_engine_args(generate)
     add_sampling_args(generate)
     generate.set_defaults(func=cmd_generate)

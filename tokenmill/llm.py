@@ -22,7 +22,7 @@ class LLM:
         self._ids = itertools.count()
 
     @property
-    def tokenizer(self):  # noqa: ANN201 - the engine's Tokenizer
+    def tokenizer(self):
         return self.engine.tokenizer
 
     def generate(

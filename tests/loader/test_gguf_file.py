@@ -34,7 +34,10 @@ def test_dequantization_equals_the_gguf_package_for_every_type(model, smollm_pat
     path = smollm_path if model == "smollm" else request.getfixturevalue("gemma_path")
     ours = GGUFFile(path)
     infos = {info.name: info for info in ours.tensor_infos}
-    expected_types = {"smollm": {"F32", "Q4_1", "Q8_0"}, "gemma": {"F32", "Q5_0", "Q4_K", "Q8_0", "Q6_K"}}
+    expected_types = {
+        "smollm": {"F32", "Q4_1", "Q8_0"},
+        "gemma": {"F32", "Q5_0", "Q4_K", "Q8_0", "Q6_K"},
+    }
     chosen = first_tensor_of_each_type(path)
     assert set(chosen) == expected_types[model]
     for tensor in chosen.values():

@@ -95,7 +95,9 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         result = self.runner.execute(scheduled)
         self.scheduler.update(scheduled, result.sampled)
-        progressed = [s.request for s in scheduled.scheduled if s.request.request_id in result.sampled]
+        progressed = [
+            s.request for s in scheduled.scheduled if s.request.request_id in result.sampled
+        ]
         for request, stop in self.output_processor.update_text(progressed, result.logprobs):
             self.scheduler.finish_requests([request.request_id], FinishReason.STOP)
             request.stop_reason = stop

@@ -82,7 +82,9 @@ class OutputProcessor:
             seq = SequenceState(
                 request=child,
                 index=index,
-                detokenizer=IncrementalDetokenizer(self.tokenizer, child.params.skip_special_tokens),
+                detokenizer=IncrementalDetokenizer(
+                    self.tokenizer, child.params.skip_special_tokens
+                ),
                 logprobs=[] if child.params.logprobs is not None else None,
             )
             parent.sequences.append(seq)
@@ -146,5 +148,7 @@ class OutputProcessor:
         if best is None:
             return None
         at, stop = best
-        seq.text = seq.text[: at + len(stop)] if params.include_stop_str_in_output else seq.text[:at]
+        seq.text = (
+            seq.text[: at + len(stop)] if params.include_stop_str_in_output else seq.text[:at]
+        )
         return stop

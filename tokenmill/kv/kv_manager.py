@@ -95,4 +95,6 @@ class KVCacheManager:
         for i in range(len(hashes), num_blocks):
             parent = hashes[i - 1] if i else None
             start = i * self.block_size
-            hashes.append(hash_block(parent, request.all_token_ids[start : start + self.block_size]))
+            hashes.append(
+                hash_block(parent, request.all_token_ids[start : start + self.block_size])
+            )

@@ -128,7 +128,8 @@ def attention(
             seg_k, seg_v = k[rows], v[rows]
         else:
             assert kv_cache is not None
-            seg_k, seg_v = gather_context(kv_cache, seg.block_table, seg.seq_len)
+            context = gather_context(kv_cache, seg.block_table, seg.seq_len)
+            seg_k, seg_v = (t.to(q.dtype) for t in context)
         out[rows] = causal_attention(q[rows], seg_k, seg_v, scale)
     if meta.decode is not None:
         assert kv_cache is not None

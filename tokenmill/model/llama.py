@@ -120,7 +120,9 @@ class LlamaForCausalLM(nn.Module):
                     target, rows = name.replace(part, merged), slice(start, stop)
                     break
             if target not in params:
-                raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
+                raise ValueError(
+                    f"checkpoint tensor {name!r} has no place in {type(self).__name__}"
+                )
             param = params[target]
             dest = param.data if rows is None else param.data[rows]
             if dest.shape != tensor.shape:

@@ -1,0 +1,243 @@
+"""The engine on the real SmolLM2 model: every KV mode, batching, chunking, preemption and prefix
+reuse give the same greedy tokens as the simplest path, and no KV block is leaked."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tokenmill.config import EngineArgs
+from tokenmill.engine.engine import LLMEngine
+from tokenmill.engine.outputs import RequestOutput
+from tokenmill.loader.model_loader import LoadedModel
+from tokenmill.sampling.params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+VARIED_PROMPTS = [
+    "The capital of France is",
+    "def quicksort(xs):",
+    "Once upon a time, in a small village by the sea,",
+    "List three prime numbers:",
+    "The chemical symbol for gold is",
+    "Translate to French: good morning",
+    "import numpy as np\nx = np.arange(10)\n",
+    "Q: What is 12 times 12?\nA:",
+    "The quick brown fox",
+    "In 1969, the first humans",
+    "Dear hiring manager,",
+    "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n",
+    "SELECT name FROM users WHERE",
+    "Photosynthesis is the process by which",
+    "1, 1, 2, 3, 5, 8,",
+    "The weather today is",
+]
+
+
+def make_engine(loaded: LoadedModel, **kwargs) -> LLMEngine:
+    args = EngineArgs(model=str(loaded.path), **{"kv_cache_memory": "256MiB", **kwargs})
+    return LLMEngine(args, loaded=loaded)
+
+
+def run_all(engine: LLMEngine, prompts, params=GREEDY, max_steps=5000) -> list[RequestOutput]:
+    ids = [f"req-{i}" for i in range(len(prompts))]
+    for request_id, prompt in zip(ids, prompts, strict=True):
+        engine.add_request(request_id, prompt, params)
+    done: dict[str, RequestOutput] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests():
+            break
+        for output in engine.step():
+            if output.finished:
+                done[output.request_id] = output
+    assert not engine.has_unfinished_requests(), "engine stopped making progress"
+    return [done[request_id] for request_id in ids]
+
+
+def tokens(outputs: list[RequestOutput]) -> list[list[int]]:
+    return [out.outputs[0].token_ids for out in outputs]
+
+
+def random_prompt(seed: int, length: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(100, 49000) for _ in range(length)]
+
+
+def assert_no_blocks_held(engine: LLMEngine) -> None:
+    assert engine.kv_manager is not None
+    assert engine.kv_manager.pool.num_free_blocks == engine.num_blocks
+
+
+@pytest.fixture(scope="module")
+def alone(smollm) -> list[list[int]]:
+    """Greedy tokens of each varied prompt run on its own, the reference for batching."""
+    engine = make_engine(smollm)
+    return [tokens(run_all(engine, [prompt]))[0] for prompt in VARIED_PROMPTS]
+
+
+def test_batched_greedy_outputs_equal_each_prompt_run_alone(smollm, alone):
+    engine = make_engine(smollm)
+    assert tokens(run_all(engine, VARIED_PROMPTS)) == alone
+    assert_no_blocks_held(engine)
+
+
+@pytest.mark.parametrize("kv_cache", ["none", "contiguous", "paged"])
+def test_every_kv_cache_mode_gives_the_same_greedy_tokens(smollm, alone, kv_cache):
+    engine = make_engine(smollm, kv_cache=kv_cache, max_model_len=256)
+    assert tokens(run_all(engine, VARIED_PROMPTS[:4])) == alone[:4]
+
+
+def test_static_batching_gives_the_same_tokens(smollm, alone):
+    engine = make_engine(smollm, scheduler="static", max_num_seqs=4)
+    assert tokens(run_all(engine, VARIED_PROMPTS)) == alone
+
+
+def test_preempted_requests_resume_with_identical_tokens(smollm):
+    prompts = [random_prompt(seed, 40) for seed in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    expected = tokens(run_all(make_engine(smollm), prompts, params))
+    small = make_engine(smollm, kv_cache_memory=24 * 16 * smollm_kv_bytes(smollm))
+    assert tokens(run_all(small, prompts, params)) == expected
+    assert small.scheduler.stats.num_preemptions > 0
+    assert_no_blocks_held(small)
+
+
+def smollm_kv_bytes(loaded: LoadedModel) -> int:
+    config = loaded.config
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+
+
+def test_seeded_sampling_survives_preemption(smollm):
+    prompts = [random_prompt(seed, 40) for seed in range(6)]
+    params = SamplingParams(temperature=1.0, seed=123, max_tokens=40, ignore_eos=True)
+    expected = tokens(run_all(make_engine(smollm), prompts, params))
+    small = make_engine(smollm, kv_cache_memory=24 * 16 * smollm_kv_bytes(smollm))
+    assert tokens(run_all(small, prompts, params)) == expected
+    assert small.scheduler.stats.num_preemptions > 0
+
+
+def test_chunked_prefill_of_a_long_prompt_equals_unchunked(smollm):
+    prompt = random_prompt(7, 2000)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    whole = make_engine(smollm, max_num_batched_tokens=4096, enable_prefix_caching=False)
+    chunked = make_engine(smollm, max_num_batched_tokens=256, enable_prefix_caching=False)
+    assert tokens(run_all(chunked, [prompt], params)) == tokens(run_all(whole, [prompt], params))
+
+
+def test_shared_prefix_is_served_from_the_cache(smollm):
+    prefix = random_prompt(11, 1024)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    engine = make_engine(smollm)
+    first = run_all(engine, [[*prefix, 500, 501, 502]], params)[0]
+    second = run_all(engine, [[*prefix, 600, 601]], params)[0]
+    assert first.num_cached_tokens == 0
+    assert second.num_cached_tokens >= 1008
+    cold = make_engine(smollm, enable_prefix_caching=False)
+    assert second.outputs[0].token_ids == tokens(run_all(cold, [[*prefix, 600, 601]], params))[0]
+
+
+def test_preempted_request_that_rehits_the_prefix_cache_resumes_correctly(smollm):
+    shared = random_prompt(5, 64)
+    prompts = [shared + random_prompt(100 + i, 8) for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    expected = tokens(run_all(make_engine(smollm, enable_prefix_caching=False), prompts, params))
+    small = make_engine(smollm, kv_cache_memory=18 * 16 * smollm_kv_bytes(smollm))
+    outputs = run_all(small, prompts, params)
+    assert tokens(outputs) == expected
+    assert small.scheduler.stats.num_preemptions > 0
+    assert any(out.num_cached_tokens > 0 for out in outputs)
+    assert_no_blocks_held(small)
+
+
+@pytest.mark.parametrize("length", [15, 16, 17, 31, 32, 33])
+def test_prompts_at_block_boundaries_match_the_no_cache_baseline(smollm, length):
+    prompt = random_prompt(length, length)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)  # crosses a boundary
+    baseline = make_engine(smollm, kv_cache="none")
+    paged = make_engine(smollm)
+    assert tokens(run_all(paged, [prompt], params)) == tokens(run_all(baseline, [prompt], params))
+
+
+def test_n_samples_share_the_prompt_blocks_and_differ(smollm):
+    engine = make_engine(smollm)
+    prompt = random_prompt(3, 40)  # two full blocks and a partial one
+    params = SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=10, ignore_eos=True)
+    engine.add_request("multi", prompt, params)
+    engine.step()
+    children = engine.scheduler.running
+    assert len(children) == 3
+    tables = [engine.kv_manager.block_ids(child.request_id) for child in children]
+    assert tables[0][:2] == tables[1][:2] == tables[2][:2]
+    assert len({table[2] for table in tables}) == 3  # each writes its own partial block
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += [out for out in engine.step() if out.finished]
+    (result,) = outputs
+    assert [c.index for c in result.outputs] == [0, 1, 2]
+    assert len({tuple(c.token_ids) for c in result.outputs}) > 1
+    assert_no_blocks_held(engine)
+
+
+def test_abort_frees_blocks_at_once(smollm):
+    engine = make_engine(smollm)
+    engine.add_request("a", random_prompt(1, 50), SamplingParams(max_tokens=100))
+    engine.step()
+    assert engine.kv_manager.pool.num_free_blocks < engine.num_blocks
+    engine.abort_request("a")
+    assert not engine.has_unfinished_requests()
+    assert_no_blocks_held(engine)
+
+
+def test_stop_string_is_cut_from_the_text(smollm):
+    engine = make_engine(smollm)
+    full = run_all(engine, ["The capital of France is"])[0].outputs[0].text
+    stop = full[3:6]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop])
+    out = run_all(engine, ["The capital of France is"], params)[0].outputs[0]
+    assert out.text == full[: full.index(stop)]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+
+
+def test_max_tokens_ends_with_reason_length(smollm):
+    out = run_all(make_engine(smollm), ["Hello"], GREEDY)[0].outputs[0]
+    assert len(out.token_ids) == GREEDY.max_tokens and out.finish_reason == "length"
+
+
+def test_stop_token_id_ends_generation_with_reason_stop(smollm):
+    engine = make_engine(smollm)
+    free = run_all(engine, ["Hello"])[0].outputs[0].token_ids
+    stop_id = free[3]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=[stop_id])
+    out = run_all(engine, ["Hello"], params)[0].outputs[0]
+    assert out.token_ids == free[: free.index(stop_id) + 1]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_id
+
+
+def test_greedy_logprobs_rank_the_chosen_token_first(smollm):
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, logprobs=2)
+    out = run_all(make_engine(smollm), ["Hello"], params)[0].outputs[0]
+    assert [entry.token_id for entry in out.logprobs] == out.token_ids
+    assert all(entry.rank == 1 and len(entry.top) == 2 for entry in out.logprobs)
+    assert out.cumulative_logprob == pytest.approx(sum(entry.logprob for entry in out.logprobs))
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ("", "at least one token"),
+        ([1, 2, 10**9], "prompt_token_ids"),
+        ({"text": "x"}, "prompt_token_ids"),
+    ],
+)
+def test_bad_prompts_raise_a_clear_error_and_leak_nothing(smollm, prompt, message):
+    engine = make_engine(smollm)
+    with pytest.raises(ValueError, match=message):
+        engine.add_request("bad", prompt, GREEDY)
+    assert not engine.has_unfinished_requests()
+
+
+def test_prompt_longer_than_the_context_names_both_numbers(smollm):
+    engine = make_engine(smollm, max_model_len=64)
+    with pytest.raises(ValueError, match="100 tokens.*64"):
+        engine.add_request("long", random_prompt(0, 100), GREEDY)
