@@ -2,4 +2,4 @@
 
 
 class ModelLoadError(ValueError):
-    """A model path or file that cannot be loaded; the message names the path and what was wanted."""
+    """A model that cannot be loaded; the message names the path and what was expected there."""
