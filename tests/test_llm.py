@@ -1,0 +1,49 @@
+"""The offline API: LLM.generate and LLM.chat on the real model."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenmill.llm import LLM
+from tokenmill.sampling.params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(smollm) -> LLM:
+    return LLM(model=str(smollm.path), kv_cache_memory="128MiB")
+
+
+def test_generate_accepts_strings_token_ids_and_per_prompt_params(llm):
+    ids = llm.tokenizer.encode("The capital of France is")
+    params = [
+        SamplingParams(temperature=0, max_tokens=4),
+        SamplingParams(temperature=0, max_tokens=4),
+        SamplingParams(temperature=0, max_tokens=2),
+    ]
+    outputs = llm.generate(
+        ["The capital of France is", {"prompt_token_ids": ids}, ids], params, use_tqdm=False
+    )
+    assert outputs[0].outputs[0].token_ids == outputs[1].outputs[0].token_ids
+    assert outputs[2].outputs[0].token_ids == outputs[0].outputs[0].token_ids[:2]
+    assert outputs[0].outputs[0].text.startswith(" Paris")
+    assert outputs[0].prompt_token_ids == ids
+
+
+def test_generate_returns_outputs_in_prompt_order(llm):
+    prompts = ["One", "Two two", "Three three three"]
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    assert [out.prompt for out in outputs] == prompts
+
+
+def test_chat_uses_the_template_and_stops_at_end_of_turn(llm):
+    conversation = [{"role": "user", "content": "What is the capital of France?"}]
+    (output,) = llm.chat(conversation, SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)
+    assert "Paris" in output.outputs[0].text
+    assert output.outputs[0].finish_reason == "stop"
+    assert output.metrics.first_token_time is not None
+
+
+def test_a_bad_prompt_in_a_batch_adds_none_of_it(llm):
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        llm.generate(["fine", {"prompt_token_ids": [-1]}], use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
