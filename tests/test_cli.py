@@ -18,7 +18,12 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_generate_streams_paris_for_the_capital_of_france():
     result = run_cli(
-        "generate", "The capital of France is", "--max-tokens", "8", "--temperature", "0",
+        "generate",
+        "The capital of France is",
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0",
         "--stats",
     )
     assert result.returncode == 0, result.stderr

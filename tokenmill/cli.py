@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from tokenmill.config import DTYPES, KV_CACHE_MODES, SCHEDULERS, EngineArgs
 from tokenmill.engine.engine import LLMEngine, PromptInput
@@ -155,6 +157,28 @@ def cmd_chat(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_throughput(ns: argparse.Namespace) -> int:
+    from tokenmill.bench.throughput import run_throughput, write_json
+    from tokenmill.bench.workloads import load_workload
+
+    requests = load_workload(ns.workload)
+    args = engine_args_from(ns)
+    engine = LLMEngine(args)
+    result = run_throughput(engine, requests, ns.workload)
+    print(result.table())
+    if ns.json:
+        write_json(result, Path(ns.json), dataclasses.asdict(args))
+    return 0
+
+
+def cmd_export_hf(ns: argparse.Namespace) -> int:
+    from tokenmill.loader.export import export_hf
+
+    out = export_hf(ns.model, Path(ns.out_dir))
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenmill", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -178,6 +202,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(chat)
     add_sampling_args(chat)
     chat.set_defaults(func=cmd_chat)
+
+    bench = commands.add_parser("bench", help="measure tokenmill on a workload")
+    bench_kinds = bench.add_subparsers(dest="bench", required=True)
+    throughput = bench_kinds.add_parser("throughput", help="offline throughput and latency")
+    throughput.add_argument(
+        "--workload", default="batch64", help="batch64, single, or a JSONL file of requests"
+    )
+    throughput.add_argument("--json", default=None, help="also write the result as JSON here")
+    add_engine_args(throughput)
+    throughput.set_defaults(func=cmd_bench_throughput)
+
+    export = commands.add_parser("export-hf", help="write a GGUF model as a Hugging Face dir")
+    export.add_argument("model", help="a .gguf file or packaged model name")
+    export.add_argument("out_dir")
+    export.set_defaults(func=cmd_export_hf)
     return parser
 
 

@@ -62,6 +62,13 @@ class LLMEngine:
         self.runner = ModelRunner(self.loaded.model, kv_caches, args.block_size)
         self.output_processor = OutputProcessor(self.tokenizer)
 
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Memory of the allocated KV pool (0 without a KV cache)."""
+        if self.kv_manager is None:
+            return 0
+        return self.num_blocks * self.args.block_size * self.kv_bytes_per_token
+
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> LLMEngine:
         return cls(EngineArgs(**kwargs))

@@ -130,6 +130,18 @@ class Tokenizer:
             chat_template=_read_chat_template(path, config),
         )
 
+    def save_pretrained(self, path: Path) -> None:
+        """Write tokenizer.json and tokenizer_config.json, which `from_pretrained_dir` reads."""
+        path.mkdir(parents=True, exist_ok=True)
+        self._backend.save(str(path / "tokenizer.json"))
+        config = {
+            "bos_token": self._token_text(self.bos_token_id),
+            "eos_token": self._token_text(self.eos_token_id),
+            "add_bos_token": self.add_bos,
+            "chat_template": self.chat_template,
+        }
+        (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+
     @property
     def vocab_size(self) -> int:
         return self._backend.get_vocab_size(with_added_tokens=True)
