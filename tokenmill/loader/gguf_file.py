@@ -2,8 +2,8 @@
 
 The header is parsed here with one memory map rather than with `gguf.GGUFReader`, which builds a
 numpy view per array element and takes seconds on a 262k-token vocabulary; the `gguf` package
-still supplies the type tables and the block dequantizers. A missing, truncated or foreign file
-becomes a `ModelLoadError` that names the path and what was expected.
+still supplies the type tables, and tokenmill.loader.dequant unpacks the blocks in torch. A
+missing, truncated or foreign file becomes a `ModelLoadError` naming the path and the expectation.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, quants
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
+from tokenmill.loader.dequant import dequantize as dequantize_blocks
 from tokenmill.loader.errors import ModelLoadError
 
 GGUF_MAGIC = b"GGUF"
@@ -103,8 +104,7 @@ class GGUFFile:
             bits = raw.view(np.uint16).astype(np.uint32) << 16
             array = bits.view(np.float32)
         else:
-            row_bytes = info.nbytes // _num_rows(info.shape)
-            array = quants.dequantize(raw.reshape(-1, row_bytes), info.qtype)
+            return dequantize_blocks(raw, info.qtype, info.shape)
         return torch.from_numpy(np.array(array, dtype=np.float32)).reshape(info.shape)
 
 
