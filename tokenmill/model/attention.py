@@ -37,7 +37,7 @@ class DecodeGroup:
 
     token_index: torch.Tensor  # [B] positions of their tokens in the flat batch
     block_tables: torch.Tensor  # [B, max_blocks]
-    mask: torch.Tensor  # [B, max_blocks * block_size] additive: 0 inside the context, -inf past it
+    mask: torch.Tensor  # [B, max_blocks * block_size] additive: 0 inside the context, -inf past
 
 
 @dataclass(frozen=True)
@@ -144,9 +144,16 @@ def gather_context(
     kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A sequence's first `seq_len` keys and values, read through its block table."""
-    blocks = kv_cache[:, block_table]  # [2, n, block_size, kv_heads, d]
-    flat = blocks.reshape(2, -1, *kv_cache.shape[-2:])[:, :seq_len]
-    return flat[0], flat[1]
+    keys, values = (_gather_blocks(cache, block_table) for cache in kv_cache)
+    return keys[:seq_len], values[:seq_len]
+
+
+def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """Rows of `cache` ([num_blocks, block_size, kv_heads, d]) for the given blocks, as
+    `[len(block_ids) * block_size, kv_heads, d]`; index_select on the flattened blocks is several
+    times faster than advanced indexing here."""
+    flat = cache.view(cache.shape[0], -1).index_select(0, block_ids.reshape(-1))
+    return flat.view(-1, *cache.shape[-2:])
 
 
 def causal_attention(
@@ -175,15 +182,16 @@ def decode_attention(
     mask: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """One query token per sequence, batched; query heads grouped per KV head (no K/V repeat)."""
+    """One query token per sequence, batched. The query heads sharing a KV head are passed as
+    that head's "query positions", so grouped-query attention never repeats K or V."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = kv_cache.shape[-2]
-    group = num_heads // num_kv_heads
-    blocks = kv_cache[:, block_tables]  # [2, B, max_blocks, block_size, kv_heads, d]
-    kv = blocks.reshape(2, batch, -1, num_kv_heads, head_dim).permute(0, 1, 3, 2, 4)
-    keys, values = kv[0].to(q.dtype), kv[1].to(q.dtype)  # [B, kv_heads, L, d]
-    grouped = q.view(batch, num_kv_heads, group, head_dim)
-    scores = torch.matmul(grouped, keys.transpose(-1, -2)) * scale  # [B, kv_heads, group, L]
-    scores = scores + mask[:, None, None, :].to(scores.dtype)
-    probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs, values).reshape(batch, num_heads, head_dim)
+    keys, values = (
+        _gather_blocks(cache, block_tables).view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
+        for cache in kv_cache
+    )  # [B, kv_heads, L, d]
+    grouped = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(
+        grouped, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask[:, None, None, :], scale=scale
+    )
+    return out.reshape(batch, num_heads, head_dim)
