@@ -81,6 +81,17 @@ def test_static_batching_admits_nothing_while_a_batch_runs():
     assert ids == {"a"}
 
 
+def test_static_batch_takes_max_num_seqs_requests_even_beyond_one_steps_budget():
+    scheduler = make_scheduler(max_num_seqs=4, budget=16, static_batching=True)
+    for i in range(6):
+        scheduler.add_request(make_request(f"r{i}", 10, max_tokens=2))
+    fake_step(scheduler)
+    assert [r.request_id for r in scheduler.running] == ["r0", "r1", "r2", "r3"]
+    while any(not r.output_token_ids for r in scheduler.running):
+        fake_step(scheduler)
+    assert {r.request_id for r in scheduler.running} <= {"r0", "r1", "r2", "r3"}
+
+
 def test_abort_frees_blocks_at_once():
     scheduler = make_scheduler(num_blocks=8)
     scheduler.add_request(make_request("a", 10))

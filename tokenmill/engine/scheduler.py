@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tokenmill.engine.request import FinishReason, Request, RequestStatus
+from tokenmill.kv.block_pool import KVBlock
 from tokenmill.kv.kv_manager import KVCacheManager
 
 
@@ -86,6 +87,8 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        if self.static_batching and not self.running:
+            self._admit_static_batch()
         budget = self.max_num_batched_tokens
         for request in list(self.running):
             if request not in self.running:  # preempted earlier in this loop
@@ -97,8 +100,8 @@ class Scheduler:
                 continue
             budget -= num_new
             out.scheduled.append(self._scheduled(request, num_new))
-        if not out.preempted and not (self.static_batching and self.running):
-            budget = self._admit_waiting(budget, out)
+        if not out.preempted and not self.static_batching:
+            self._admit_waiting(budget, out)
         return out
 
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
@@ -170,30 +173,48 @@ class Scheduler:
         out.preempted.append(request)
         self._push_waiting(request)
 
-    def _admit_waiting(self, budget: int, out: SchedulerOutput) -> int:
+    def _admit_waiting(self, budget: int, out: SchedulerOutput) -> None:
         while self._waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self._waiting[0][2]
-            cached = self.kv.find_cached_prefix(request) if self.kv is not None else []
-            num_cached = len(cached) * (self.kv.block_size if self.kv is not None else 0)
-            request.num_computed_tokens = num_cached
+            cached = self._take_cached_prefix(request)
             num_new = self._tokens_to_compute(request, budget)
-            if num_new == 0:
+            if num_new == 0 or (
+                self.kv is not None and not self.kv.allocate_slots(request, num_new, cached)
+            ):
                 request.num_computed_tokens = 0
                 break
-            if self.kv is not None and not self.kv.allocate_slots(request, num_new, cached):
-                request.num_computed_tokens = 0
-                break
-            heapq.heappop(self._waiting)
-            if request.metrics.first_scheduled_time is None:
-                request.metrics.first_scheduled_time = time.monotonic()
-                request.num_cached_tokens = num_cached
-                self.stats.num_prompt_tokens_cached += num_cached
-                self.stats.num_prompt_tokens_queried += request.num_tokens
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
+            self._start(request)
             budget -= num_new
             out.scheduled.append(self._scheduled(request, num_new))
-        return budget
+
+    def _admit_static_batch(self) -> None:
+        """Seal the next static batch: up to max_num_seqs requests join at once and nobody else
+        joins until all of them finish; their prompts are then scheduled like running work."""
+        while self._waiting and len(self.running) < self.max_num_seqs:
+            request = self._waiting[0][2]
+            cached = self._take_cached_prefix(request)
+            if self.kv is not None and not self.kv.allocate_slots(request, 0, cached):
+                request.num_computed_tokens = 0
+                break
+            self._start(request)
+
+    def _take_cached_prefix(self, request: Request) -> list[KVBlock]:
+        """The cached leading blocks a waiting request can reuse; counts them as computed."""
+        if self.kv is None:
+            return []
+        cached = self.kv.find_cached_prefix(request)
+        request.num_computed_tokens = len(cached) * self.kv.block_size
+        return cached
+
+    def _start(self, request: Request) -> None:
+        heapq.heappop(self._waiting)
+        if request.metrics.first_scheduled_time is None:
+            request.metrics.first_scheduled_time = time.monotonic()
+            request.num_cached_tokens = request.num_computed_tokens
+            self.stats.num_prompt_tokens_cached += request.num_computed_tokens
+            self.stats.num_prompt_tokens_queried += request.num_tokens
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
 
     def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
         block_ids = self.kv.block_ids(request.request_id) if self.kv is not None else []

@@ -1,0 +1,151 @@
+"""The native kernels against their torch references, and the fallback to those references."""
+
+from __future__ import annotations
+
+import importlib
+import random
+
+import pytest
+import torch
+from torch.nn import functional as F
+from torch.utils import cpp_extension
+
+from tokenmill.kernels import build, ops
+
+# Bounds: both sides accumulate in float32 but in different orders, so they differ by rounding
+# only; for these sizes that is ~1e-7 relative, well inside the bounds below.
+LINEAR_MAX_RELATIVE_ERROR = 1e-5  # max |native - F.linear| / max |F.linear|
+ATTENTION_MAX_ABS_ERROR = 1e-5
+
+needs_native = pytest.mark.skipif(
+    ops.backend() != "native", reason="native kernels did not load on this machine"
+)
+
+
+@pytest.fixture
+def reloaded_ops(monkeypatch: pytest.MonkeyPatch):
+    """Re-runs `ops`' import-time backend choice under the test's patches, and restores it."""
+    yield lambda: importlib.reload(ops)
+    monkeypatch.undo()
+    importlib.reload(ops)
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual - expected).abs().max() / expected.abs().max()).item()
+
+
+@needs_native
+@pytest.mark.parametrize("k", [1, 7, 8, 9, 64, 577])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_native_linear_matches_f_linear_for_odd_shapes(k: int, with_bias: bool) -> None:
+    gen = torch.Generator().manual_seed(k)
+    for m in range(1, ops.SKINNY_MAX_ROWS + 1):
+        n = int(torch.randint(1, 70, (1,), generator=gen))
+        x, weight = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
+        bias = torch.randn(n, generator=gen) if with_bias else None
+        out = ops._NATIVE.linear(x, weight, bias)
+        assert relative_error(out, F.linear(x, weight, bias)) < LINEAR_MAX_RELATIVE_ERROR, (m, n)
+
+
+@needs_native
+def test_linear_keeps_leading_dims_and_uses_torch_for_wide_batches() -> None:
+    weight, bias = torch.randn(33, 20), torch.randn(33)
+    skinny = torch.randn(2, 3, 20)
+    wide = torch.randn(ops.SKINNY_MAX_ROWS + 1, 20)
+    assert ops.linear(skinny, weight, bias).shape == (2, 3, 33)
+    assert relative_error(ops.linear(skinny, weight, bias), F.linear(skinny, weight, bias)) < 1e-5
+    assert torch.equal(ops.linear(wide, weight, bias), F.linear(wide, weight, bias))
+
+
+def random_paged_batch(
+    seq_lens: list[int], heads: int, kv_heads: int, head_dim: int = 64, block_size: int = 16
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, a cache with spare blocks, shuffled (non-contiguous) block tables, and lengths."""
+    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 5
+    kv_cache = torch.randn(2, num_blocks, block_size, kv_heads, head_dim)
+    shuffled = torch.randperm(num_blocks).tolist()
+    tables = torch.zeros(len(seq_lens), max(blocks_per_seq), dtype=torch.long)
+    for row, count in enumerate(blocks_per_seq):
+        tables[row, :count] = torch.tensor([shuffled.pop() for _ in range(count)])
+    q = torch.randn(len(seq_lens), heads, head_dim)
+    return q, kv_cache, tables, torch.tensor(seq_lens)
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("heads", "kv_heads"), [(6, 6), (9, 3), (8, 1)], ids=["mha", "gqa3", "all-to-one"]
+)
+@pytest.mark.parametrize("batch", [1, 5, 64])
+def test_native_paged_attention_matches_gather_path(heads: int, kv_heads: int, batch: int) -> None:
+    torch.manual_seed(batch * heads)
+    edge_lens = [15, 16, 17, 1, 32, 33, 100]  # around block boundaries, then multi-block
+    seq_lens = [
+        edge_lens[i] if i < len(edge_lens) else random.randint(1, 200) for i in range(batch)
+    ]
+    q, kv_cache, tables, lens = random_paged_batch(seq_lens, heads, kv_heads)
+    scale = q.shape[-1] ** -0.5
+    out = ops._NATIVE.paged_decode_attention(q, kv_cache, tables, lens, scale)
+    expected = ops.paged_decode_attention_reference(q, kv_cache, tables, lens, scale)
+    assert (out - expected).abs().max().item() < ATTENTION_MAX_ABS_ERROR
+
+
+@needs_native
+def test_native_paged_attention_accepts_int32_tables_and_odd_head_dim() -> None:
+    torch.manual_seed(0)
+    q, kv_cache, tables, lens = random_paged_batch([5, 12, 3], 4, 2, head_dim=13, block_size=5)
+    out = ops._NATIVE.paged_decode_attention(q, kv_cache, tables.int(), lens.int(), 0.3)
+    expected = ops.paged_decode_attention_reference(q, kv_cache, tables, lens, 0.3)
+    assert (out - expected).abs().max().item() < ATTENTION_MAX_ABS_ERROR
+
+
+@needs_native
+def test_native_paged_attention_rejects_lengths_past_the_block_table() -> None:
+    q, kv_cache, tables, _ = random_paged_batch([16], 2, 1)
+    with pytest.raises(RuntimeError, match="outside"):
+        ops._NATIVE.paged_decode_attention(q, kv_cache, tables, torch.tensor([17]), 1.0)
+
+
+@needs_native
+def test_loading_again_reuses_the_built_library() -> None:
+    library = build.BUILD_DIR / f"{build.EXTENSION_NAME}.so"
+    built_at = library.stat().st_mtime_ns
+    build.load_extension()
+    assert library.stat().st_mtime_ns == built_at
+
+
+def test_env_var_torch_selects_the_reference_kernels(
+    monkeypatch: pytest.MonkeyPatch, reloaded_ops
+) -> None:
+    monkeypatch.setenv(ops.BACKEND_ENV, "torch")
+    torch_ops = reloaded_ops()
+    assert torch_ops.backend() == "torch"
+    x, weight = torch.randn(3, 10), torch.randn(7, 10)
+    assert torch.equal(torch_ops.linear(x, weight), F.linear(x, weight))
+    q, kv_cache, tables, lens = random_paged_batch([20, 3], 4, 2)
+    assert torch.equal(
+        torch_ops.paged_decode_attention(q, kv_cache, tables, lens, 0.125),
+        torch_ops.paged_decode_attention_reference(q, kv_cache, tables, lens, 0.125),
+    )
+
+
+def test_failed_build_warns_once_and_falls_back_to_torch(
+    monkeypatch: pytest.MonkeyPatch, reloaded_ops, tmp_path, capsys
+) -> None:
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("#error deliberately broken\n")
+
+    def load_broken_source() -> None:
+        # Its own name: reusing the real one would make torch rebuild the real extension later.
+        cpp_extension.load(
+            name="tokenmill_broken", sources=[str(broken)], build_directory=str(tmp_path)
+        )
+
+    monkeypatch.delenv(ops.BACKEND_ENV, raising=False)
+    monkeypatch.setattr(build, "load_extension", load_broken_source)
+    fallback_ops = reloaded_ops()
+    warning_lines = capsys.readouterr().err.strip().splitlines()
+    assert len(warning_lines) == 1 and "torch reference" in warning_lines[0]
+    assert fallback_ops.backend() == "torch"
+    x, weight, bias = torch.randn(1, 9), torch.randn(5, 9), torch.randn(5)
+    assert torch.equal(fallback_ops.linear(x, weight, bias), F.linear(x, weight, bias))

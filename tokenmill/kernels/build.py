@@ -1,0 +1,44 @@
+"""Compiling and loading the native kernels, a torch C++ extension cached inside the repo.
+
+`scripts/build_kernels.py` builds it once at install; later loads find the compiled library in
+`BUILD_DIR` and ninja sees nothing to rebuild unless a source or header changed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from types import ModuleType
+
+from torch.utils import cpp_extension
+
+CSRC_DIR = Path(__file__).parent / "csrc"
+BUILD_DIR = Path(__file__).parent / "_build"
+EXTENSION_NAME = "tokenmill_kernels"
+# AVX2 + FMA is the widest x86 SIMD every machine we target has (no AVX-512 here).
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
+
+
+def load_extension(verbose: bool = False) -> ModuleType:
+    """Builds the extension if its sources changed, then imports it. Raises on any failure."""
+    _put_ninja_on_path()
+    BUILD_DIR.mkdir(exist_ok=True)
+    return cpp_extension.load(
+        name=EXTENSION_NAME,
+        sources=[str(path) for path in sorted(CSRC_DIR.glob("*.cpp"))],
+        extra_cflags=CFLAGS,
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(BUILD_DIR),
+        verbose=verbose,
+    )
+
+
+def _put_ninja_on_path() -> None:
+    """torch looks for `ninja` on PATH only; the pip-installed one sits in the venv's bin, which
+    is not on PATH when the venv's python is run without activating it."""
+    if shutil.which("ninja") is not None:
+        return
+    import ninja  # the pinned pip package; imported late because only a build needs it
+
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")

@@ -1,0 +1,25 @@
+// Python bindings of the native kernels; tokenmill/kernels/ops.py is their only caller.
+
+#include <torch/extension.h>
+
+#include <optional>
+
+namespace tokenmill {
+at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight,
+                         const std::optional<at::Tensor>& bias);
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                                  double scale);
+}  // namespace tokenmill
+
+// The GIL is released while a kernel runs, as torch's own operators do, so other Python
+// threads (the server's event loop) keep going.
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("linear", &tokenmill::skinny_linear, "y = x W^T + b for skinny float32 x [M, K]",
+        py::arg("x"), py::arg("weight"), py::arg("bias"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("paged_decode_attention", &tokenmill::paged_decode_attention,
+        "one-token-per-sequence attention read through the block tables", py::arg("q"),
+        py::arg("kv_cache"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("scale"),
+        py::call_guard<py::gil_scoped_release>());
+}
