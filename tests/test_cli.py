@@ -41,3 +41,18 @@ def test_invalid_sampling_value_names_the_field():
     result = run_cli("generate", "hi", "--temperature", "-1")
     assert result.returncode == 2
     assert "temperature" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_chat_repl_answers_and_keeps_history():
+    result = subprocess.run(
+        [sys.executable, "-m", "tokenmill.cli", "chat", "--temperature", "0", "--max-tokens", "24"],
+        input="What is the capital of France?\nAnd of Italy?\n\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    replies = [line for line in result.stdout.split("> ") if line.strip()]
+    assert len(replies) == 2
+    assert "Paris" in replies[0] and "Rome" in replies[1]
