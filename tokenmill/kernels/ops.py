@@ -40,7 +40,8 @@ def _load_native() -> ModuleType | None:
     try:
         return build.load_extension()
     except Exception as exc:  # any build or load failure must leave a working engine
-        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
+        first_line = str(exc).strip().partition("\n")[0][:160]
+        reason = f"{type(exc).__name__}: {first_line}"
         _warn(
             f"native kernels unavailable ({reason}); using the torch reference kernels "
             "(details: python scripts/build_kernels.py)"
@@ -52,7 +53,7 @@ _NATIVE = _load_native()
 
 
 def backend() -> str:
-    """ "native" when the extension is in use, "torch" when every op runs its reference."""
+    """Which kernels run: "native" (the extension) or "torch" (every op's reference)."""
     return "torch" if _NATIVE is None else "native"
 
 
@@ -60,6 +61,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """`F.linear` (x: [..., K], weight: [N, K], bias: [N]); native when x has <= 16 rows."""
     if _NATIVE is None or not _skinny_linear_fits(x, weight, bias):
         return linear_reference(x, weight, bias)
+    if x.dim() == 2:  # the usual flat batch; reshaping costs more than the kernel call itself
+        return _NATIVE.linear(x, weight, bias)
     out = _NATIVE.linear(x.reshape(-1, x.shape[-1]), weight, bias)
     return out.view(*x.shape[:-1], weight.shape[0])
 
@@ -107,19 +110,39 @@ def paged_decode_attention_reference(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """The model's own gather-then-SDPA path, with the length mask it expects."""
-    # Imported here: the model will import this module, so a top-level import would be circular.
-    from tokenmill.model.attention import decode_attention
-
-    block_size = kv_cache.shape[2]
-    span = torch.arange(block_tables.shape[1] * block_size)
-    mask = torch.zeros(len(seq_lens), span.numel(), dtype=q.dtype)
+    """Gather each sequence's blocks, then one batched SDPA. The query heads sharing a KV head
+    are passed as that head's "query positions", so grouped-query attention never repeats K/V."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = kv_cache.shape[-2]
+    keys, values = (
+        gather_blocks(cache, block_tables).view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
+        for cache in kv_cache
+    )  # [B, kv_heads, max_blocks * block_size, d]
+    span = torch.arange(keys.shape[2])
+    mask = torch.zeros(batch, span.numel(), dtype=q.dtype)
     mask.masked_fill_(span[None, :] >= seq_lens.reshape(-1, 1).cpu(), float("-inf"))
-    return decode_attention(q, kv_cache, block_tables.long(), mask, scale)
+    grouped = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(
+        grouped, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask[:, None, None, :], scale=scale
+    )
+    return out.reshape(batch, num_heads, head_dim)
+
+
+def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """Rows of one cache half ([num_blocks, block_size, kv_heads, d]) for the given blocks, as
+    `[block_ids.numel() * block_size, kv_heads, d]`; index_select on the flattened blocks is
+    several times faster than advanced indexing here."""
+    flat = cache.view(cache.shape[0], -1).index_select(0, block_ids.reshape(-1).long())
+    return flat.view(-1, *cache.shape[-2:])
 
 
 def _native_friendly(tensors: tuple[torch.Tensor, ...]) -> bool:
-    """Float32 CPU tensors outside autograd: the only case the native kernels implement."""
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    on_cpu_fp32 = all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
-    return on_cpu_fp32 and not needs_grad
+    """Float32 CPU tensors outside autograd: the only case the native kernels implement.
+
+    Runs on every call, so it sticks to the cheapest tensor attributes (`is_cpu`, not `device`).
+    """
+    grad_enabled = torch.is_grad_enabled()
+    for t in tensors:
+        if t.dtype != torch.float32 or not t.is_cpu or (grad_enabled and t.requires_grad):
+            return False
+    return True

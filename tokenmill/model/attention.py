@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from tokenmill.kernels import ops
+
 
 @dataclass(frozen=True)
 class PrefillSegment:
@@ -37,7 +39,7 @@ class DecodeGroup:
 
     token_index: torch.Tensor  # [B] positions of their tokens in the flat batch
     block_tables: torch.Tensor  # [B, max_blocks]
-    mask: torch.Tensor  # [B, max_blocks * block_size] additive: 0 inside the context, -inf past
+    seq_lens: torch.Tensor  # [B] context length of each, this step's token included
 
 
 @dataclass(frozen=True)
@@ -93,12 +95,9 @@ def _decode_group(
     for r, i in enumerate(rows):
         used = block_tables[i][:max_blocks]
         table[r, : len(used)] = torch.tensor(used, dtype=torch.long)
-    lens = torch.tensor([seq_lens[i] for i in rows])
-    span = torch.arange(max_blocks * block_size)
-    mask = torch.zeros(len(rows), max_blocks * block_size)
-    mask.masked_fill_(span[None, :] >= lens[:, None], float("-inf"))
+    lens = torch.tensor([seq_lens[i] for i in rows], dtype=torch.long)
     index = torch.tensor([starts[i] for i in rows], dtype=torch.long)
-    return DecodeGroup(index, table, mask)
+    return DecodeGroup(index, table, lens)
 
 
 def write_kv_cache(
@@ -134,8 +133,8 @@ def attention(
     if meta.decode is not None:
         assert kv_cache is not None
         group = meta.decode
-        out[group.token_index] = decode_attention(
-            q[group.token_index], kv_cache, group.block_tables, group.mask, scale
+        out[group.token_index] = ops.paged_decode_attention(
+            q[group.token_index], kv_cache, group.block_tables, group.seq_lens, scale
         )
     return out
 
@@ -144,16 +143,8 @@ def gather_context(
     kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A sequence's first `seq_len` keys and values, read through its block table."""
-    keys, values = (_gather_blocks(cache, block_table) for cache in kv_cache)
+    keys, values = (ops.gather_blocks(cache, block_table) for cache in kv_cache)
     return keys[:seq_len], values[:seq_len]
-
-
-def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """Rows of `cache` ([num_blocks, block_size, kv_heads, d]) for the given blocks, as
-    `[len(block_ids) * block_size, kv_heads, d]`; index_select on the flattened blocks is several
-    times faster than advanced indexing here."""
-    flat = cache.view(cache.shape[0], -1).index_select(0, block_ids.reshape(-1))
-    return flat.view(-1, *cache.shape[-2:])
 
 
 def causal_attention(
@@ -173,25 +164,3 @@ def causal_attention(
             qh, kh, vh, attn_mask=allowed, scale=scale, enable_gqa=True
         )
     return out.squeeze(0).transpose(0, 1)
-
-
-def decode_attention(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    mask: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """One query token per sequence, batched. The query heads sharing a KV head are passed as
-    that head's "query positions", so grouped-query attention never repeats K or V."""
-    batch, num_heads, head_dim = q.shape
-    num_kv_heads = kv_cache.shape[-2]
-    keys, values = (
-        _gather_blocks(cache, block_tables).view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
-        for cache in kv_cache
-    )  # [B, kv_heads, L, d]
-    grouped = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(
-        grouped, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask[:, None, None, :], scale=scale
-    )
-    return out.reshape(batch, num_heads, head_dim)

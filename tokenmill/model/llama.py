@@ -13,7 +13,7 @@ from torch import nn
 
 from tokenmill.config import ModelConfig
 from tokenmill.model.attention import AttentionMetadata, attention
-from tokenmill.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
+from tokenmill.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding
 
 
 class LlamaAttention(nn.Module):
@@ -25,10 +25,10 @@ class LlamaAttention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
-        self.qkv_proj = nn.Linear(
+        self.qkv_proj = Linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
         )
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
         self.rotary = rotary
 
     def forward(
@@ -81,7 +81,7 @@ class LlamaForCausalLM(nn.Module):
             LlamaDecoderLayer(config, rotary) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
     def tie_weights(self) -> None:
