@@ -3,7 +3,7 @@
 Every kernel has a pure-PyTorch reference (`*_reference`) that the tests compare against and that
 runs whenever the native extension is switched off (`TOKENMILL_KERNELS=torch`), failed to load
 (one warning line on stderr, never a crash), or does not cover the inputs (not float32, autograd,
-or a batch too wide for the skinny kernel).
+a batch too wide for the skinny kernel, or a layout an in-place kernel cannot write through).
 """
 
 from __future__ import annotations
@@ -134,6 +134,88 @@ def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     several times faster than advanced indexing here."""
     flat = cache.view(cache.shape[0], -1).index_select(0, block_ids.reshape(-1).long())
     return flat.view(-1, *cache.shape[-2:])
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of `residual + x` (of `x` alone when residual is None) fused with that add.
+
+    x, residual: [..., D]; weight: [D]. Returns (normed, new_residual); normed is a new tensor.
+    On both backends the sum is written into `residual` in place and new_residual *is* that
+    tensor (or `x` itself when residual is None), so the caller just rebinds its residual.
+    """
+    tensors = (x, weight) if residual is None else (x, residual, weight)
+    if _NATIVE is None or not (
+        (residual is None or residual.is_contiguous()) and _native_friendly(tensors)
+    ):
+        return add_rms_norm_reference(x, residual, weight, eps)
+    return _NATIVE.add_rms_norm(x, residual, weight, eps), x if residual is None else residual
+
+
+def add_rms_norm_reference(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if residual is None:
+        residual = x
+    else:
+        residual.add_(x)
+    return F.rms_norm(residual, (x.shape[-1],), weight, eps), residual
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> None:
+    """Rotates q [T, H, d] and k [T, KVH, d] in place by their tokens' positions (int64 [T]),
+    GPT-NeoX layout: each pair (i, i + d/2) by the angle whose cos/sin are row `positions[t]`,
+    column i of cos/sin [max_positions, d/2].
+
+    q and k may be strided views (e.g. column slices of the merged qkv output): native writes
+    through any token and head stride as long as each head's d values are contiguous.
+    """
+    if _NATIVE is None or not (
+        positions.dtype == torch.int64
+        and q.stride(-1) == 1
+        and k.stride(-1) == 1
+        and _native_friendly((q, k, cos, sin))
+    ):
+        rotary_embedding_reference(positions, q, k, cos, sin)
+        return
+    _NATIVE.rotary_embedding(positions, q, k, cos, sin)
+
+
+def rotary_embedding_reference(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> None:
+    cos_rows, sin_rows = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # [T, 1, d/2]
+    for x in (q, k):
+        first, second = x.chunk(2, dim=-1)
+        x.copy_(
+            torch.cat(
+                (first * cos_rows - second * sin_rows, second * cos_rows + first * sin_rows),
+                dim=-1,
+            )
+        )
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's activation: x [..., 2F] holds gate then up; returns silu(gate) * up, [..., F]."""
+    if _NATIVE is None or not _native_friendly((x,)):
+        return silu_and_mul_reference(x)
+    return _NATIVE.silu_and_mul(x)
+
+
+def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def _native_friendly(tensors: tuple[torch.Tensor, ...]) -> bool:

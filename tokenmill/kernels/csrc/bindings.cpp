@@ -10,6 +10,11 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight,
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens,
                                   double scale);
+at::Tensor add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
+                        const at::Tensor& weight, double eps);
+void rotary_embedding(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,
+                      const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor silu_and_mul(const at::Tensor& x);
 }  // namespace tokenmill
 
 // The GIL is released while a kernel runs, as torch's own operators do, so other Python
@@ -21,5 +26,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &tokenmill::paged_decode_attention,
         "one-token-per-sequence attention read through the block tables", py::arg("q"),
         py::arg("kv_cache"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("scale"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("add_rms_norm", &tokenmill::add_rms_norm,
+        "residual += x in place (when given), then RMSNorm of the sum into a new tensor",
+        py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("eps"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("rotary_embedding", &tokenmill::rotary_embedding,
+        "GPT-NeoX rotary embedding applied in place to q [T, H, d] and k [T, KVH, d]",
+        py::arg("positions"), py::arg("q"), py::arg("k"), py::arg("cos"), py::arg("sin"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("silu_and_mul", &tokenmill::silu_and_mul, "silu(x[..., :F]) * x[..., F:]", py::arg("x"),
         py::call_guard<py::gil_scoped_release>());
 }

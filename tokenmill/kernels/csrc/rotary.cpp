@@ -1,0 +1,84 @@
+// Rotary position embedding (GPT-NeoX layout: pairs (i, i + d/2)) applied in place to q and k.
+//
+// The torch path spends a gather of the cos/sin rows plus chunk, four products, two sums and a
+// cat per tensor; here each head is rotated where it lies. q and k are usually column slices of
+// the merged qkv projection's output, so the token and head strides are taken as they come and
+// only each head's d values must be contiguous.
+
+#include <ATen/ATen.h>
+
+namespace tokenmill {
+namespace {
+
+// Below this many rotated elements the work is a few microseconds, less than waking the OpenMP
+// team, so decode stays on the calling thread.
+constexpr int64_t kParallelMinElements = 1 << 16;
+
+// One tensor's heads as laid out in memory: head j of token t starts at
+// data + t * token_stride + j * head_stride.
+struct Heads {
+  float* data;
+  int64_t count, token_stride, head_stride;
+};
+
+Heads heads_of(const at::Tensor& t) {
+  return {t.data_ptr<float>(), t.size(1), t.stride(0), t.stride(1)};
+}
+
+// The halves never overlap, so __restrict lets GCC vectorise this plain loop.
+void rotate_head(float* __restrict first, float* __restrict second, const float* __restrict cos,
+                 const float* __restrict sin, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = first[i], x2 = second[i];
+    first[i] = x1 * cos[i] - x2 * sin[i];
+    second[i] = x2 * cos[i] + x1 * sin[i];
+  }
+}
+
+void check_args(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,
+                const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3, "rotary_embedding: q and k must be [T, heads, d]");
+  const int64_t tokens = q.size(0), dim = q.size(2);
+  TORCH_CHECK(k.size(0) == tokens && positions.numel() == tokens && k.size(2) == dim,
+              "rotary_embedding: q, k and positions must agree on T and d");
+  TORCH_CHECK(dim % 2 == 0, "rotary_embedding: head_dim must be even");
+  TORCH_CHECK(cos.dim() == 2 && cos.size(1) == dim / 2 && sin.sizes() == cos.sizes(),
+              "rotary_embedding: cos and sin must be [max_positions, d / 2]");
+  for (const at::Tensor* t : {&q, &k, &cos, &sin})
+    TORCH_CHECK(t->scalar_type() == at::kFloat, "rotary_embedding: q, k, cos, sin must be float32");
+  // Written in place, so a contiguous copy would silently drop the result.
+  TORCH_CHECK(q.stride(2) == 1 && k.stride(2) == 1,
+              "rotary_embedding: each head of q and k must be contiguous");
+  TORCH_CHECK(positions.scalar_type() == at::kLong, "rotary_embedding: positions must be int64");
+}
+
+}  // namespace
+
+void rotary_embedding(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,
+                      const at::Tensor& cos, const at::Tensor& sin) {
+  check_args(positions, q, k, cos, sin);
+  const at::Tensor pos = positions.contiguous();
+  const at::Tensor cos_c = cos.contiguous(), sin_c = sin.contiguous();
+  const int64_t tokens = q.size(0), half = q.size(2) / 2, max_positions = cos.size(0);
+  const int64_t* pos_ptr = pos.data_ptr<int64_t>();
+  // Checked before the parallel loop: an exception cannot leave an OpenMP region.
+  for (int64_t t = 0; t < tokens; ++t)
+    TORCH_CHECK(pos_ptr[t] >= 0 && pos_ptr[t] < max_positions, "rotary_embedding: position ",
+                pos_ptr[t], " is outside the cos/sin tables of ", max_positions, " rows");
+  const Heads both[2] = {heads_of(q), heads_of(k)};
+  const float* cos_ptr = cos_c.data_ptr<float>();
+  const float* sin_ptr = sin_c.data_ptr<float>();
+  const int64_t work = tokens * (both[0].count + both[1].count) * 2 * half;
+#pragma omp parallel for if (work >= kParallelMinElements)
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* c = cos_ptr + pos_ptr[t] * half;
+    const float* s = sin_ptr + pos_ptr[t] * half;
+    for (const Heads& h : both)
+      for (int64_t j = 0; j < h.count; ++j) {
+        float* head = h.data + t * h.token_stride + j * h.head_stride;
+        rotate_head(head, head + half, c, s, half);
+      }
+  }
+}
+
+}  // namespace tokenmill
