@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from tokenmill.kernels import ops
 
@@ -21,13 +20,18 @@ class Linear(nn.Linear):
 
 
 class RMSNorm(nn.Module):
+    """Adds the branch output into the residual stream, then normalises it: one fused call."""
+
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(normalised, new residual); `residual` (or `x` when it is None) is updated in place."""
+        return ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 def rope_inverse_frequencies(
@@ -81,19 +85,9 @@ class RotaryEmbedding(nn.Module):
         self.cos = angles.cos().float()
         self.sin = angles.sin().float()
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    first, second = x.float().chunk(2, dim=-1)
-    rotated = torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
-    return rotated.to(x.dtype)
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
+        """Rotates q: [tokens, heads, head_dim] and k: [tokens, kv_heads, head_dim] in place."""
+        ops.rotary_embedding(positions, q, k, self.cos, self.sin)
 
 
 class GatedMLP(nn.Module):
@@ -106,5 +100,4 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))

@@ -42,7 +42,7 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
+        self.rotary(positions, q, k)
         out = attention(q, k, v, kv_cache, meta, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -59,11 +59,16 @@ class LlamaDecoderLayer(nn.Module):
         self,
         positions: torch.Tensor,
         hidden: torch.Tensor,
+        residual: torch.Tensor | None,
         kv_cache: torch.Tensor | None,
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (this layer's MLP output, residual stream before it): the next layer's norm
+        adds the two, so each residual add rides along with a norm in one fused call."""
+        hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_cache, meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -97,9 +102,11 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Final hidden states `[num_tokens, hidden]`; the caller picks which rows to project."""
         hidden = self.embed_tokens(input_ids)
+        residual = None
         for i, layer in enumerate(self.layers):
-            hidden = layer(positions, hidden, None if kv_caches is None else kv_caches[i], meta)
-        return self.norm(hidden)
+            kv_cache = None if kv_caches is None else kv_caches[i]
+            hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
+        return self.norm(hidden, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
