@@ -7,6 +7,7 @@ import dataclasses
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 
 from tokenmill.config import DTYPES, KV_CACHE_MODES, SCHEDULERS, EngineArgs
@@ -41,19 +42,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
-    return EngineArgs(
-        model=ns.model,
-        dtype=ns.dtype,
-        kv_cache=ns.kv_cache,
-        block_size=ns.block_size,
-        kv_cache_memory=ns.kv_cache_memory,
-        enable_prefix_caching=ns.enable_prefix_caching,
-        scheduler=ns.scheduler,
-        max_num_seqs=ns.max_num_seqs,
-        max_num_batched_tokens=ns.max_num_batched_tokens,
-        enable_chunked_prefill=ns.enable_chunked_prefill,
-        max_model_len=ns.max_model_len,
-    )
+    """Every EngineArgs field from the flag of the same name (`--kv-cache` -> kv_cache)."""
+    return EngineArgs(**{field.name: getattr(ns, field.name) for field in fields(EngineArgs)})
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:

@@ -99,7 +99,6 @@ class EngineArgs:
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
     max_model_len: int | None = None
-    seed: int = 0
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)
