@@ -9,12 +9,14 @@ from __future__ import annotations
 import sys
 import time
 
-from tokenmill.kernels.build import BUILD_DIR, load_extension
-
 
 def main() -> int:
     start = time.perf_counter()
     try:
+        # Imported here, inside the timing: importing the tokenmill package already loads (and,
+        # on a fresh checkout, builds) the extension through tokenmill.kernels.ops.
+        from tokenmill.kernels.build import BUILD_DIR, load_extension
+
         load_extension(verbose="-v" in sys.argv)
     except Exception as exc:  # a compiler error is reported, not raised: the torch path remains
         print(f"native kernels failed to build: {exc}", file=sys.stderr)
