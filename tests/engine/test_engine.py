@@ -199,6 +199,19 @@ def test_stop_string_is_cut_from_the_text(smollm):
     assert out.finish_reason == "stop" and out.stop_reason == stop
 
 
+def test_stop_string_spanning_a_token_boundary_is_cut(smollm):
+    engine = make_engine(smollm)
+    free = run_all(engine, ["The capital of France is"])[0].outputs[0]
+    pieces = [engine.tokenizer.decode([t]) for t in free.token_ids]
+    cut = next(i for i in range(1, len(pieces)) if len(pieces[i - 1]) >= 2 and len(pieces[i]) >= 2)
+    stop = pieces[cut - 1][-2:] + pieces[cut][:2]  # two characters from each of two tokens
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop])
+    out = run_all(engine, ["The capital of France is"], params)[0].outputs[0]
+    assert out.text == free.text[: free.text.index(stop)]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert len(out.token_ids) == cut + 1  # generation ended with the token that completed it
+
+
 def test_max_tokens_ends_with_reason_length(smollm):
     out = run_all(make_engine(smollm), ["Hello"], GREEDY)[0].outputs[0]
     assert len(out.token_ids) == GREEDY.max_tokens and out.finish_reason == "length"

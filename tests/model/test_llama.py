@@ -42,3 +42,25 @@ def test_logits_match_transformers_at_every_position(smollm, hf_smollm, long_tex
 def test_tied_embeddings_share_storage(smollm):
     assert smollm.config.tie_word_embeddings
     assert smollm.model.lm_head.weight.data_ptr() == smollm.model.embed_tokens.weight.data_ptr()
+
+
+@pytest.mark.parametrize("index", range(len(PROMPTS)))
+def test_greedy_tokens_match_transformers_generate(smollm, hf_smollm, index):
+    from tokenmill.config import EngineArgs
+    from tokenmill.engine.engine import LLMEngine
+    from tokenmill.sampling.params import SamplingParams
+
+    ids = smollm.tokenizer.encode(PROMPTS[index])
+    with torch.inference_mode():
+        generated = hf_smollm.generate(
+            torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32, do_sample=False
+        )[0, len(ids) :].tolist()
+    engine = LLMEngine(EngineArgs(model=str(smollm.path), kv_cache_memory="64MiB"), loaded=smollm)
+    engine.add_request(
+        "r",
+        {"prompt_token_ids": ids},
+        SamplingParams(temperature=0, max_tokens=32, min_tokens=32),  # as min_new_tokens
+    )
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+    assert outputs[0].outputs[0].token_ids == generated
