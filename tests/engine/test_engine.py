@@ -250,6 +250,18 @@ def test_bad_prompts_raise_a_clear_error_and_leak_nothing(smollm, prompt, messag
     assert not engine.has_unfinished_requests()
 
 
+def test_a_reused_request_id_is_refused_without_disturbing_the_first(smollm):
+    engine = make_engine(smollm)
+    engine.add_request("same", "Hello", GREEDY)
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request("same", "Other", GREEDY)
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += [out for out in engine.step() if out.finished]
+    assert [out.prompt for out in outputs] == ["Hello"]
+    assert len(outputs[0].outputs[0].token_ids) == GREEDY.max_tokens
+
+
 def test_prompt_longer_than_the_context_names_both_numbers(smollm):
     engine = make_engine(smollm, max_model_len=64)
     with pytest.raises(ValueError, match="100 tokens.*64"):

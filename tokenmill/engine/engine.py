@@ -36,13 +36,12 @@ class LLMEngine:
         )
         self.kv_bytes_per_token = kv_bytes_per_token(config, dtype)
         self.num_blocks = int(args.kv_cache_memory) // (self.kv_bytes_per_token * args.block_size)
-        # A sequence longer than the whole pool could never finish: it would preempt itself.
         self.max_seq_len = self.max_model_len
-        if args.kv_cache != "none":
-            self.max_seq_len = min(self.max_model_len, self.num_blocks * args.block_size)
         kv_manager = None
         kv_caches = None
         if args.kv_cache != "none":
+            # A sequence longer than the whole pool could never finish: it would preempt itself.
+            self.max_seq_len = min(self.max_model_len, self.num_blocks * args.block_size)
             reserve = self.max_model_len if args.kv_cache == "contiguous" else None
             kv_manager = KVCacheManager(
                 self.num_blocks,
@@ -69,10 +68,6 @@ class LLMEngine:
             return 0
         return self.num_blocks * self.args.block_size * self.kv_bytes_per_token
 
-    @classmethod
-    def from_kwargs(cls, **kwargs: Any) -> LLMEngine:
-        return cls(EngineArgs(**kwargs))
-
     def add_request(
         self,
         request_id: str,
@@ -80,6 +75,8 @@ class LLMEngine:
         params: SamplingParams | None = None,
         priority: int = 0,
     ) -> None:
+        if self.output_processor.child_ids(request_id):
+            raise ValueError(f"request_id {request_id!r} is already in use")
         params = params or SamplingParams()
         text, token_ids = self._tokenize(prompt)
         self._check_fits(token_ids)
