@@ -6,10 +6,12 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from tokenmill.config import EngineArgs
 from tokenmill.engine.engine import LLMEngine
 from tokenmill.engine.outputs import RequestOutput
+from tokenmill.engine.runner import kv_bytes_per_token
 from tokenmill.loader.model_loader import LoadedModel
 from tokenmill.sampling.params import SamplingParams
 
@@ -59,6 +61,10 @@ def tokens(outputs: list[RequestOutput]) -> list[list[int]]:
     return [out.outputs[0].token_ids for out in outputs]
 
 
+def smollm_kv_bytes(loaded: LoadedModel) -> int:
+    return kv_bytes_per_token(loaded.config, torch.float32)
+
+
 def random_prompt(seed: int, length: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(100, 49000) for _ in range(length)]
@@ -101,11 +107,6 @@ def test_preempted_requests_resume_with_identical_tokens(smollm):
     assert tokens(run_all(small, prompts, params)) == expected
     assert small.scheduler.stats.num_preemptions > 0
     assert_no_blocks_held(small)
-
-
-def smollm_kv_bytes(loaded: LoadedModel) -> int:
-    config = loaded.config
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
 
 
 def test_seeded_sampling_survives_preemption(smollm):
