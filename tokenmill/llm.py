@@ -11,6 +11,7 @@ from tqdm import tqdm
 from tokenmill.config import EngineArgs
 from tokenmill.engine.engine import LLMEngine, PromptInput
 from tokenmill.engine.outputs import RequestOutput
+from tokenmill.loader.tokenizer import Tokenizer
 from tokenmill.sampling.params import SamplingParams
 
 Conversation = list[dict[str, str]]
@@ -22,7 +23,7 @@ class LLM:
         self._ids = itertools.count()
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
     def generate(
