@@ -20,10 +20,6 @@ class CompletionOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
 
 @dataclass
 class RequestOutput:

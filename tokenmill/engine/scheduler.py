@@ -71,10 +71,6 @@ class Scheduler:
         self._arrivals = itertools.count()
         self.stats = SchedulerStats()
 
-    @property
-    def num_waiting(self) -> int:
-        return len(self._waiting)
-
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
 

@@ -50,10 +50,6 @@ class BlockPool:
         """Blocks nobody holds, cached ones included: all of them can be allocated."""
         return len(self._free)
 
-    @property
-    def num_cached_blocks(self) -> int:
-        return len(self._cached)
-
     def lookup(self, block_hash: BlockHash, token_ids: Sequence[int]) -> KVBlock | None:
         block = self._cached.get(block_hash) if self.enable_caching else None
         if block is None or block.token_ids != tuple(token_ids):
@@ -95,10 +91,6 @@ class BlockPool:
         block.block_hash = block_hash
         block.token_ids = tuple(token_ids)
         self._cached[block_hash] = block
-
-    def reset_prefix_cache(self) -> None:
-        for block in list(self._cached.values()):
-            self._evict(block)
 
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is not None:

@@ -28,11 +28,6 @@ class KVCacheManager:
         self._tables: dict[str, list[KVBlock]] = {}
         self._num_published: dict[str, int] = {}  # leading blocks already in the prefix cache
 
-    @property
-    def usage(self) -> float:
-        """Fraction of blocks held by requests (cached-but-free blocks count as free)."""
-        return 1.0 - self.pool.num_free_blocks / self.pool.num_blocks
-
     def block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self._tables.get(request_id, ())]
 
