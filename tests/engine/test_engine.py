@@ -267,3 +267,8 @@ def test_prompt_longer_than_the_context_names_both_numbers(smollm):
     engine = make_engine(smollm, max_model_len=64)
     with pytest.raises(ValueError, match="100 tokens.*64"):
         engine.add_request("long", random_prompt(0, 100), GREEDY)
+
+
+def test_contiguous_pool_too_small_for_one_reservation_fails_at_construction(smollm):
+    with pytest.raises(ValueError, match="contiguous.*max_model_len=8192"):
+        make_engine(smollm, kv_cache="contiguous", kv_cache_memory="64MiB")

@@ -43,6 +43,12 @@ class LLMEngine:
             # A sequence longer than the whole pool could never finish: it would preempt itself.
             self.max_seq_len = min(self.max_model_len, self.num_blocks * args.block_size)
             reserve = self.max_model_len if args.kv_cache == "contiguous" else None
+            if reserve is not None and reserve > self.max_seq_len:
+                raise ValueError(
+                    f"kv_cache='contiguous' reserves max_model_len={reserve} slots per request "
+                    f"but kv_cache_memory holds {self.max_seq_len}; raise kv_cache_memory or "
+                    "lower max_model_len"
+                )
             kv_manager = KVCacheManager(
                 self.num_blocks,
                 args.block_size,
@@ -152,15 +158,10 @@ class LLMEngine:
                 f"prompt has {len(token_ids)} tokens but the model's context length is "
                 f"{self.max_model_len}: at most {self.max_model_len - 1} prompt tokens fit"
             )
-        if len(token_ids) >= self.max_seq_len or (
-            self.kv_manager is not None
-            and self.kv_manager.reserve_tokens
-            and self.kv_manager.reserve_tokens > self.num_blocks * self.args.block_size
-        ):
+        if len(token_ids) >= self.max_seq_len:
             raise ValueError(
-                f"the KV cache holds {self.num_blocks * self.args.block_size} tokens, too few "
-                f"for this {len(token_ids)}-token prompt in kv_cache={self.args.kv_cache!r} "
-                "mode; raise kv_cache_memory or lower max_model_len"
+                f"the KV cache holds {self.max_seq_len} tokens, too few for this "
+                f"{len(token_ids)}-token prompt; raise kv_cache_memory or lower max_model_len"
             )
 
 

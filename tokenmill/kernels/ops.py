@@ -118,12 +118,14 @@ def paged_decode_attention_reference(
         gather_blocks(cache, block_tables).view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
         for cache in kv_cache
     )  # [B, kv_heads, max_blocks * block_size, d]
-    span = torch.arange(keys.shape[2])
-    mask = torch.zeros(batch, span.numel(), dtype=q.dtype)
-    mask.masked_fill_(span[None, :] >= seq_lens.reshape(-1, 1).cpu(), float("-inf"))
+    inside = torch.arange(keys.shape[2]) < seq_lens.reshape(-1, 1).cpu()  # [B, L], True = attend
     grouped = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(
-        grouped, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask[:, None, None, :], scale=scale
+        grouped,
+        keys.to(q.dtype),
+        values.to(q.dtype),
+        attn_mask=inside[:, None, None, :],
+        scale=scale,
     )
     return out.reshape(batch, num_heads, head_dim)
 
