@@ -37,3 +37,27 @@ def long_text() -> str:
     from pydoc_data.topics import topics
 
     return topics["class"] + topics["function"]
+
+
+@pytest.fixture(scope="session")
+def gemma() -> LoadedModel:
+    return load_model("gemma3-270m", torch.float32)
+
+
+@pytest.fixture(scope="session")
+def gemma_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Gemma 3 GGUF written out as a Hugging Face directory by `tokenmill export-hf`."""
+    from tokenmill.loader.export import export_hf
+
+    return export_hf("gemma3-270m", tmp_path_factory.mktemp("gemma3-hf"))
+
+
+@pytest.fixture(scope="session")
+def hf_gemma(gemma_hf_dir: Path):
+    """transformers' own Gemma 3 over the exported weights: the numerical oracle."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gemma_hf_dir), dtype=torch.float32
+    )
+    return model.eval()

@@ -32,6 +32,12 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool = False
     rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
+    # Gemma 3: "sliding_attention" layers see the last `sliding_window` tokens and rotate with
+    # `rope_local_base_freq`; "full_attention" layers see everything and use `rope_theta`.
+    layer_types: tuple[str, ...] | None = None
+    sliding_window: int | None = None
+    rope_local_base_freq: float | None = None
+    query_pre_attn_scalar: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:

@@ -91,6 +91,26 @@ def test_native_paged_attention_matches_gather_path(heads: int, kv_heads: int, b
 
 
 @needs_native
+@pytest.mark.parametrize("window", [1, 5, 16, 17, 40, 500])
+def test_native_paged_attention_sliding_window_matches_reference(window: int) -> None:
+    torch.manual_seed(window)
+    q, kv_cache, tables, lens = random_paged_batch([1, 15, 16, 17, 33, 100, 190], 4, 1)
+    out = ops._NATIVE.paged_decode_attention(q, kv_cache, tables, lens, 0.2, window)
+    expected = ops.paged_decode_attention_reference(q, kv_cache, tables, lens, 0.2, window)
+    assert (out - expected).abs().max().item() < ATTENTION_MAX_ABS_ERROR
+
+
+def test_sliding_window_reference_attends_to_exactly_the_last_positions() -> None:
+    """Against a softmax written out by hand over the window's keys alone."""
+    torch.manual_seed(1)
+    q, kv_cache, tables, lens = random_paged_batch([37], 2, 1, head_dim=8, block_size=4)
+    out = ops.paged_decode_attention_reference(q, kv_cache, tables, lens, 0.5, window=10)
+    keys, values = (ops.gather_blocks(half, tables[0])[27:37, 0] for half in kv_cache)
+    weights = torch.softmax(q[0] @ keys.T * 0.5, dim=-1)
+    torch.testing.assert_close(out[0], weights @ values)
+
+
+@needs_native
 def test_native_paged_attention_accepts_int32_tables_and_odd_head_dim() -> None:
     torch.manual_seed(0)
     q, kv_cache, tables, lens = random_paged_batch([5, 12, 3], 4, 2, head_dim=13, block_size=5)

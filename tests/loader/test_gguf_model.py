@@ -44,6 +44,31 @@ def test_tensor_names_map_to_hugging_face(gguf_name, hf_name):
     assert hf_tensor_name(gguf_name) == hf_name
 
 
+@pytest.mark.parametrize(
+    ("gguf_name", "hf_name"),
+    [
+        ("blk.3.ffn_norm.weight", "model.layers.3.pre_feedforward_layernorm.weight"),
+        ("blk.3.post_attention_norm.weight", "model.layers.3.post_attention_layernorm.weight"),
+        ("blk.3.post_ffw_norm.weight", "model.layers.3.post_feedforward_layernorm.weight"),
+        ("blk.3.attn_q_norm.weight", "model.layers.3.self_attn.q_norm.weight"),
+        ("blk.3.attn_norm.weight", "model.layers.3.input_layernorm.weight"),
+    ],
+)
+def test_gemma3_tensor_names_map_to_hugging_face(gguf_name, hf_name):
+    assert hf_tensor_name(gguf_name, "gemma3") == hf_name
+
+
+def test_gemma3_config_fills_in_what_llama_cpp_hard_codes(gemma):
+    config = gemma.config
+    assert config.architecture == "Gemma3ForCausalLM"
+    assert config.sliding_window == 512
+    assert config.layer_types is not None and len(config.layer_types) == 18
+    full = [i for i, kind in enumerate(config.layer_types) if kind == "full_attention"]
+    assert full == [5, 11, 17]
+    assert config.rope_local_base_freq == 10000.0
+    assert config.query_pre_attn_scalar == config.head_dim == 256
+
+
 def test_unknown_tensor_name_is_an_error():
     with pytest.raises(ModelLoadError, match="blk.0.mystery"):
         hf_tensor_name("blk.0.mystery.weight")

@@ -161,10 +161,9 @@ def test_gemma_style_template_renders_as_transformers_does(
     assert rendered == expected
 
 
-def test_model_without_template_falls_back_to_chatml(gemma: Tokenizer) -> None:
-    assert gemma.chat_template is None
+def test_gemma_file_without_template_gets_gemma_turns(gemma: Tokenizer) -> None:
     rendered = gemma.apply_chat_template([{"role": "user", "content": "hi"}])
-    assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert rendered == "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
 
 
 def test_special_token_text_encodes_as_one_id(smollm: Tokenizer, gemma: Tokenizer) -> None:

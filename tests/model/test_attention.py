@@ -26,8 +26,11 @@ def assert_matches_naive(actual: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
 
 
-def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """q: [n, heads, d] holds the last n of the len(k) positions; k, v: [L, kv_heads, d]."""
+def naive_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None
+) -> torch.Tensor:
+    """q: [n, heads, d] holds the last n of the len(k) positions; k, v: [L, kv_heads, d].
+    A sliding `window` keeps only the last `window` positions up to each query's own."""
     query_len, num_heads, _ = q.shape
     seq_len, num_kv_heads, _ = k.shape
     k = k.repeat_interleave(num_heads // num_kv_heads, dim=1)
@@ -35,6 +38,8 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     scores = torch.einsum("qhd,khd->hqk", q, k) * SCALE
     limit = seq_len - query_len + 1 + torch.arange(query_len)
     allowed = torch.arange(seq_len)[None, :] < limit[:, None]
+    if window is not None:
+        allowed &= torch.arange(seq_len)[None, :] >= limit[:, None] - window
     scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
 
@@ -89,10 +94,10 @@ class PagedBatch:
             )
         ]
 
-    def naive(self) -> torch.Tensor:
+    def naive(self, window: int | None = None) -> torch.Tensor:
         return torch.cat(
             [
-                naive_attention(self.q[start : start + n], k, v)
+                naive_attention(self.q[start : start + n], k, v, window)
                 for start, n, k, v in zip(
                     self.query_starts(), self.query_lens, self.keys, self.values, strict=True
                 )
@@ -147,7 +152,7 @@ def random_shapes(count: int, max_len: int) -> list[tuple[int, int]]:
     return shapes
 
 
-def run_attention(batch: PagedBatch) -> torch.Tensor:
+def run_attention(batch: PagedBatch, window: int | None = None) -> torch.Tensor:
     meta = AttentionMetadata.build(
         batch.query_lens,
         batch.seq_lens,
@@ -156,7 +161,7 @@ def run_attention(batch: PagedBatch) -> torch.Tensor:
         batch.slot_mapping(),
     )
     k, v = batch.new_rows(batch.keys), batch.new_rows(batch.values)
-    return attention(batch.q, k, v, batch.kv_cache, meta, SCALE)
+    return attention(batch.q, k, v, batch.kv_cache, meta, SCALE, window)
 
 
 def run_flash(batch: PagedBatch) -> torch.Tensor:
@@ -232,6 +237,14 @@ def test_attention_matches_naive_on_random_batches():
         block_size = [1, 2, 4, 16][int(torch.randint(0, 4, ()))]
         batch = make_batch(random_shapes(5, 40), heads, block_size)
         assert_matches_naive(run_attention(batch), batch.naive())
+
+
+@pytest.mark.parametrize("window", [1, 3, 4, 6, 20])
+def test_sliding_window_attention_matches_naive(window: int):
+    """Prefills, chunks and decodes whose contexts are shorter and longer than the window."""
+    torch.manual_seed(window)
+    batch = make_batch(ENGINE_SHAPES + [(1, 17), (3, 19)], (6, 2))
+    assert_matches_naive(run_attention(batch, window), batch.naive(window))
 
 
 def test_attention_stores_the_step_tokens_in_their_slots():

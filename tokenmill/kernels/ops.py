@@ -91,16 +91,18 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """One query token per sequence, attending over its first `seq_lens[b]` cached positions.
+    """One query token per sequence, attending over its first `seq_lens[b]` cached positions,
+    or with a sliding `window` over only the last `window` of them (Gemma 3's local layers).
 
     q: [B, H, d]; kv_cache: [2, num_blocks, block_size, kv_heads, d] (K then V);
     block_tables: [B, max_blocks] int32/int64; seq_lens: [B] ints in [1, max_blocks * block_size].
     Returns [B, H, d]. Native reads K and V in place through the block tables (no gather copy).
     """
     if _NATIVE is None or not (kv_cache.is_contiguous() and _native_friendly((q, kv_cache))):
-        return paged_decode_attention_reference(q, kv_cache, block_tables, seq_lens, scale)
-    return _NATIVE.paged_decode_attention(q, kv_cache, block_tables, seq_lens, scale)
+        return paged_decode_attention_reference(q, kv_cache, block_tables, seq_lens, scale, window)
+    return _NATIVE.paged_decode_attention(q, kv_cache, block_tables, seq_lens, scale, window or 0)
 
 
 def paged_decode_attention_reference(
@@ -109,6 +111,7 @@ def paged_decode_attention_reference(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Gather each sequence's blocks, then one batched SDPA. The query heads sharing a KV head
     are passed as that head's "query positions", so grouped-query attention never repeats K/V."""
@@ -118,7 +121,11 @@ def paged_decode_attention_reference(
         gather_blocks(cache, block_tables).view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
         for cache in kv_cache
     )  # [B, kv_heads, max_blocks * block_size, d]
-    inside = torch.arange(keys.shape[2]) < seq_lens.reshape(-1, 1).cpu()  # [B, L], True = attend
+    position = torch.arange(keys.shape[2])
+    lens = seq_lens.reshape(-1, 1).cpu()
+    inside = position < lens  # [B, L], True = attend
+    if window:
+        inside &= position >= lens - window
     grouped = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(
         grouped,

@@ -26,6 +26,29 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# Gemma's turn format, for Gemma GGUFs that carry no template (the 270M one does not): roles
+# "user" and "model", a system message folded into the first user turn, BOS up front.
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set system = messages[0]['content'] + '\n\n' %}{% set turns = messages[1:] %}"
+    "{% else %}{% set system = '' %}{% set turns = messages %}{% endif %}"
+    "{% for message in turns %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + (system if loop.first else '') }}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+
+def builtin_chat_template(vocabulary: Mapping[str, int]) -> str | None:
+    """A template for a model file that ships none, recognised by its turn-marker tokens, or
+    None for the ChatML default."""
+    if "<start_of_turn>" in vocabulary and "<end_of_turn>" in vocabulary:
+        return GEMMA_CHAT_TEMPLATE
+    return None
+
 
 def validate_messages(messages: Sequence[Mapping[str, Any]]) -> None:
     """Reject malformed messages here, where the error can name the field."""

@@ -17,6 +17,7 @@ from tokenmill.loader.gguf_file import GGUFFile
 
 # GGUF general.architecture -> Hugging Face architecture name.
 GGUF_ARCHITECTURES = {
+    "gemma3": "Gemma3ForCausalLM",
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
 }
@@ -35,6 +36,23 @@ _LAYER_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma 3 normalises each branch's output and per-head queries/keys, and its "ffn_norm" is the
+# norm before the MLP (in Llama the one after attention plays that part).
+_GEMMA3_LAYER_TENSORS = {
+    **_LAYER_TENSORS,
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+}
+_ARCH_LAYER_TENSORS = {"gemma3": _GEMMA3_LAYER_TENSORS}
+
+# What llama.cpp hard-codes for Gemma 3 because its GGUFs do not store it: every sixth layer
+# attends globally, the others locally with rotary base 10k.
+GEMMA3_SLIDING_WINDOW_PATTERN = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -69,30 +87,51 @@ def gguf_model_config(gguf: GGUFFile) -> ModelConfig:
             max_position_embeddings=int(gguf.arch_value("context_length")),
             tie_word_embeddings="output.weight" not in names,
             attention_bias="blk.0.attn_q.bias" in names,
+            **(_gemma3_fields(gguf) if arch == "gemma3" else {}),
         )
     except (KeyError, TypeError) as exc:
         raise ModelLoadError(f"{gguf.path}: GGUF metadata lacks a model field: {exc}") from exc
 
 
+def _gemma3_fields(gguf: GGUFFile) -> dict[str, object]:
+    layers = int(gguf.arch_value("block_count"))
+    pattern = GEMMA3_SLIDING_WINDOW_PATTERN
+    return {
+        "layer_types": tuple(
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+            for i in range(layers)
+        ),
+        "sliding_window": int(gguf.arch_value("attention.sliding_window")),
+        "rope_local_base_freq": GEMMA3_LOCAL_ROPE_BASE,
+        # llama.cpp scales by 1/sqrt(head_dim) for every size but 27B (not packaged here).
+        "query_pre_attn_scalar": int(gguf.arch_value("attention.key_length")),
+    }
+
+
 def gguf_weights(
     gguf: GGUFFile, config: ModelConfig, dtype: torch.dtype
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    unpermute = gguf.architecture in _PERMUTED_QK
+    arch = gguf.architecture
+    unpermute = arch in _PERMUTED_QK
     for name, tensor in gguf.tensors(dtype):
-        hf_name = hf_tensor_name(name)
-        if unpermute and ".q_proj." in hf_name:
+        hf_name = hf_tensor_name(name, arch)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            # llama.cpp's converter stores Gemma's 1 + w; checkpoints and HF store w.
+            tensor = tensor - 1
+        elif unpermute and ".q_proj." in hf_name:
             tensor = unpermute_rotary_rows(tensor, config.num_attention_heads)
         elif unpermute and ".k_proj." in hf_name:
             tensor = unpermute_rotary_rows(tensor, config.num_key_value_heads)
         yield hf_name, tensor
 
 
-def hf_tensor_name(gguf_name: str) -> str:
+def hf_tensor_name(gguf_name: str, architecture: str = "llama") -> str:
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
+    layer_tensors = _ARCH_LAYER_TENSORS.get(architecture, _LAYER_TENSORS)
     parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_TENSORS:
-        return f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}.{parts[3]}"
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in layer_tensors:
+        return f"model.layers.{parts[1]}.{layer_tensors[parts[2]]}.{parts[3]}"
     raise ModelLoadError(f"GGUF tensor {gguf_name!r} has no known Hugging Face name")
 
 

@@ -16,6 +16,9 @@ from tokenmill.loader.errors import ModelLoadError
 
 SHARD_INDEX = "model.safetensors.index.json"
 
+# Hugging Face model_type where it is not the lower-cased architecture prefix.
+_HF_MODEL_TYPES = {"Gemma3ForCausalLM": "gemma3_text"}
+
 # Architectures whose q/k/v projections always carry a bias, whatever config.json says.
 _QKV_BIAS_ARCHITECTURES = {"Qwen2ForCausalLM"}
 
@@ -48,15 +51,41 @@ def hf_model_config(model_dir: Path) -> ModelConfig:
             num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
             head_dim=int(raw.get("head_dim") or hidden // heads),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(raw.get("rope_theta", 10000.0)),
+            rope_theta=float(
+                raw.get("rope_theta")
+                or raw.get("rope_parameters", {}).get("full_attention", {}).get("rope_theta")
+                or 10000.0
+            ),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", False))
             or architectures[0] in _QKV_BIAS_ARCHITECTURES,
             rope_scaling=raw.get("rope_scaling"),
+            **_gemma3_fields(raw),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"{path}: missing or invalid field: {exc}") from exc
+
+
+def _gemma3_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """Sliding-window fields, from transformers 4's flat names or 5's `rope_parameters`."""
+    if raw.get("model_type") not in ("gemma3_text", "gemma3"):
+        return {}
+    layers = int(raw["num_hidden_layers"])
+    pattern = int(raw.get("sliding_window_pattern") or 6)
+    layer_types = raw.get("layer_types") or [
+        "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)
+    ]
+    rope = raw.get("rope_parameters") or {}
+    local_base = raw.get("rope_local_base_freq") or rope.get("sliding_attention", {}).get(
+        "rope_theta", 10000.0
+    )
+    return {
+        "layer_types": tuple(layer_types),
+        "sliding_window": int(raw.get("sliding_window") or 4096),
+        "rope_local_base_freq": float(local_base),
+        "query_pre_attn_scalar": int(raw.get("query_pre_attn_scalar") or 256),
+    }
 
 
 def shard_paths(model_dir: Path) -> list[Path]:
@@ -87,7 +116,9 @@ def write_hf_dir(
     model_dir.mkdir(parents=True, exist_ok=True)
     raw: dict[str, Any] = {
         "architectures": [config.architecture],
-        "model_type": config.architecture.removesuffix("ForCausalLM").lower(),
+        "model_type": _HF_MODEL_TYPES.get(
+            config.architecture, config.architecture.removesuffix("ForCausalLM").lower()
+        ),
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
@@ -103,6 +134,14 @@ def write_hf_dir(
         "rope_scaling": config.rope_scaling,
         "torch_dtype": "float32",
     }
+    if config.layer_types is not None:
+        raw |= {
+            "layer_types": list(config.layer_types),
+            "sliding_window": config.sliding_window,
+            "rope_local_base_freq": config.rope_local_base_freq,
+            "query_pre_attn_scalar": config.query_pre_attn_scalar,
+            "hidden_activation": "gelu_pytorch_tanh",
+        }
     (model_dir / "config.json").write_text(json.dumps(raw, indent=2), encoding="utf-8")
     tensors = {name: tensor.contiguous() for name, tensor in weights}
     if config.tie_word_embeddings:

@@ -17,7 +17,7 @@ from typing import Any
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 
-from tokenmill.loader.chat_template import render_chat_template
+from tokenmill.loader.chat_template import builtin_chat_template, render_chat_template
 
 SUPPORTED_GGUF_MODELS = ("gpt2", "llama")
 
@@ -107,7 +107,8 @@ class Tokenizer:
             eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"),
             # llama.cpp's defaults when the key is absent: sentencepiece vocabularies want BOS.
             add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", model == "llama")),
-            chat_template=metadata.get("tokenizer.chat_template"),
+            chat_template=metadata.get("tokenizer.chat_template")
+            or builtin_chat_template(backend.get_vocab()),
             end_of_turn_ids=end_of_turn_ids,
         )
 

@@ -116,8 +116,12 @@ def attention(
     kv_cache: torch.Tensor | None,
     meta: AttentionMetadata,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """q: [T, heads, d]; k, v: [T, kv_heads, d] for this step's tokens. Returns [T, heads, d]."""
+    """q: [T, heads, d]; k, v: [T, kv_heads, d] for this step's tokens. Returns [T, heads, d].
+
+    With a sliding `window`, each token sees only itself and the `window - 1` tokens before it.
+    """
     if kv_cache is not None and meta.slot_mapping is not None:
         write_kv_cache(kv_cache, meta.slot_mapping, k, v)
     out = torch.empty_like(q)
@@ -129,12 +133,12 @@ def attention(
             assert kv_cache is not None
             context = gather_context(kv_cache, seg.block_table, seg.seq_len)
             seg_k, seg_v = (t.to(q.dtype) for t in context)
-        out[rows] = causal_attention(q[rows], seg_k, seg_v, scale)
+        out[rows] = causal_attention(q[rows], seg_k, seg_v, scale, window)
     if meta.decode is not None:
         assert kv_cache is not None
         group = meta.decode
         out[group.token_index] = ops.paged_decode_attention(
-            q[group.token_index], kv_cache, group.block_tables, group.seq_lens, scale
+            q[group.token_index], kv_cache, group.block_tables, group.seq_lens, scale, window
         )
     return out
 
@@ -148,18 +152,22 @@ def gather_context(
 
 
 def causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None = None
 ) -> torch.Tensor:
-    """The query holds the last `len(q)` of the `len(k)` context positions; GQA by head groups."""
+    """The query holds the last `len(q)` of the `len(k)` context positions; GQA by head groups.
+    A sliding `window` also hides keys `window` or more positions before each query."""
     q_len, kv_len = q.shape[0], k.shape[0]
     qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-    if q_len == kv_len:
+    windowed = window is not None and window < kv_len
+    if q_len == kv_len and not windowed:
         out = F.scaled_dot_product_attention(
             qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True
         )
     else:
         offset = kv_len - q_len
         allowed = torch.ones(q_len, kv_len, dtype=torch.bool).tril(diagonal=offset)
+        if windowed:
+            allowed = allowed.triu(diagonal=offset - window + 1)
         out = F.scaled_dot_product_attention(
             qh, kh, vh, attn_mask=allowed, scale=scale, enable_gqa=True
         )

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from tokenmill.kernels import ops
 
@@ -90,14 +92,28 @@ class RotaryEmbedding(nn.Module):
         ops.rotary_embedding(positions, q, k, self.cos, self.sin)
 
 
-class GatedMLP(nn.Module):
-    """SwiGLU feed-forward with gate and up projections merged into one matrix product."""
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """GeGLU's activation (Gemma): x [..., 2F] holds gate then up; gelu_tanh(gate) * up."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
 
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+
+GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": ops.silu_and_mul,
+    "gelu_pytorch_tanh": gelu_tanh_and_mul,
+}
+
+
+class GatedMLP(nn.Module):
+    """Gated feed-forward (SwiGLU, or GeGLU for Gemma) with gate and up projections merged
+    into one matrix product."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "silu") -> None:
         super().__init__()
         self.intermediate_size = intermediate_size
         self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
+        self.act_and_mul = GATED_ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))

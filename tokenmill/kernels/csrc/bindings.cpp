@@ -9,7 +9,7 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight,
                          const std::optional<at::Tensor>& bias);
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                                  double scale);
+                                  double scale, int64_t window);
 at::Tensor add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                         const at::Tensor& weight, double eps);
 void rotary_embedding(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,
@@ -26,7 +26,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &tokenmill::paged_decode_attention,
         "one-token-per-sequence attention read through the block tables", py::arg("q"),
         py::arg("kv_cache"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("scale"),
-        py::call_guard<py::gil_scoped_release>());
+        py::arg("window") = 0, py::call_guard<py::gil_scoped_release>());
   m.def("add_rms_norm", &tokenmill::add_rms_norm,
         "residual += x in place (when given), then RMSNorm of the sum into a new tensor",
         py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("eps"),

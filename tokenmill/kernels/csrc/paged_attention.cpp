@@ -57,9 +57,10 @@ struct PagedCache {
 // always_inline: otherwise GCC's IPA finds a function made only of prefetches free of side
 // effects and deletes every call to it.
 [[gnu::always_inline]] inline void prefetch_block(const PagedCache& cache, int64_t block,
-                                                  int64_t tokens, int64_t kv_head) {
+                                                  int64_t first, int64_t tokens,
+                                                  int64_t kv_head) {
   constexpr int64_t kFloatsPerLine = 16;  // 64-byte cache lines
-  for (int64_t t = 0; t < tokens; ++t) {
+  for (int64_t t = first; t < tokens; ++t) {
     const float* k = cache.key(block, t, kv_head);
     const float* v = cache.value(block, t, kv_head);
     for (int64_t i = 0; i < cache.head_dim; i += kFloatsPerLine) {
@@ -85,16 +86,18 @@ class HeadGroup {
     std::fill(denom_.begin(), denom_.end(), 0.0f);
   }
 
-  // Folds the first `tokens` positions of one cache block into the running sums. Each key and
-  // value row is loaded once and used by every head of the group while it is in L1: grouping
-  // heads by KV head is what makes GQA cost one read of K and V, not one per query head.
-  void attend_block(const PagedCache& cache, int64_t block, int64_t tokens, int64_t kv_head) {
-    for (int64_t t = 0; t < tokens; ++t) {
+  // Folds positions [first, tokens) of one cache block into the running sums (first > 0 only
+  // where a sliding window starts mid-block). Each key and value row is loaded once and used by
+  // every head of the group while it is in L1: grouping heads by KV head is what makes GQA cost
+  // one read of K and V, not one per query head.
+  void attend_block(const PagedCache& cache, int64_t block, int64_t first, int64_t tokens,
+                    int64_t kv_head) {
+    for (int64_t t = first; t < tokens; ++t) {
       const float* k = cache.key(block, t, kv_head);
       for (int64_t g = 0; g < heads_; ++g) weight(g, t) = dot(&query_[g * dim_], k, dim_);
     }
-    for (int64_t g = 0; g < heads_; ++g) rebase(g, tokens);
-    for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t g = 0; g < heads_; ++g) rebase(g, first, tokens);
+    for (int64_t t = first; t < tokens; ++t) {
       const float* v = cache.value(block, t, kv_head);
       for (int64_t g = 0; g < heads_; ++g) axpy(weight(g, t), v, &acc_[g * dim_], dim_);
     }
@@ -113,12 +116,12 @@ class HeadGroup {
   // Moves head g's sums to the maximum including this block's scores (exp(old - new) is 0 on
   // the first block, where old is -inf) and turns the scores into weights exp(s - max), so
   // every exponent is <= 0 and nothing overflows.
-  void rebase(int64_t g, int64_t tokens) {
+  void rebase(int64_t g, int64_t first, int64_t tokens) {
     float new_max = max_[g];
-    for (int64_t t = 0; t < tokens; ++t) new_max = std::max(new_max, weight(g, t));
+    for (int64_t t = first; t < tokens; ++t) new_max = std::max(new_max, weight(g, t));
     const float correction = std::exp(max_[g] - new_max);
     float block_sum = 0.0f;
-    for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t t = first; t < tokens; ++t) {
       weight(g, t) = std::exp(weight(g, t) - new_max);
       block_sum += weight(g, t);
     }
@@ -136,18 +139,23 @@ class HeadGroup {
   std::vector<float> weights_;  // [heads, block_size]: one block's scores, then its weights
 };
 
-// One (sequence, KV head) pair over all its blocks. One block of prefetch ahead is enough: a
-// block's arithmetic outlasts a DRAM round trip.
+// One (sequence, KV head) pair over its blocks: all of them, or with a sliding window (> 0) only
+// the last `window` positions, the blocks before those never read. One block of prefetch ahead
+// is enough: a block's arithmetic outlasts a DRAM round trip.
 void attend_pair(HeadGroup& state, const PagedCache& cache, const int64_t* blocks, int64_t seq_len,
-                 int64_t kv_head, const float* query, float scale, float* out) {
+                 int64_t window, int64_t kv_head, const float* query, float scale, float* out) {
   const int64_t block_size = cache.block_size;
   const int64_t num_used = (seq_len + block_size - 1) / block_size;
+  const int64_t start = window > 0 ? std::max<int64_t>(0, seq_len - window) : 0;
+  const int64_t first_block = start / block_size;
   const auto tokens_in = [&](int64_t i) { return std::min(block_size, seq_len - i * block_size); };
-  prefetch_block(cache, blocks[0], tokens_in(0), kv_head);
+  const auto first_in = [&](int64_t i) { return i == first_block ? start - i * block_size : 0; };
+  prefetch_block(cache, blocks[first_block], first_in(first_block), tokens_in(first_block),
+                 kv_head);
   state.reset(query, scale);
-  for (int64_t i = 0; i < num_used; ++i) {
-    if (i + 1 < num_used) prefetch_block(cache, blocks[i + 1], tokens_in(i + 1), kv_head);
-    state.attend_block(cache, blocks[i], tokens_in(i), kv_head);
+  for (int64_t i = first_block; i < num_used; ++i) {
+    if (i + 1 < num_used) prefetch_block(cache, blocks[i + 1], 0, tokens_in(i + 1), kv_head);
+    state.attend_block(cache, blocks[i], first_in(i), tokens_in(i), kv_head);
   }
   state.write_output(out);
 }
@@ -174,7 +182,7 @@ void check_tables(const at::Tensor& tables, const at::Tensor& lens, int64_t bloc
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                                  double scale) {
+                                  double scale, int64_t window) {
   TORCH_CHECK(q.dim() == 3 && kv_cache.dim() == 5 && kv_cache.size(0) == 2,
               "paged_decode_attention: q must be [B, H, d], kv_cache [2, blocks, block_size, "
               "kv_heads, d]");
@@ -211,8 +219,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cach
       const int64_t b = pair / kv_heads, kv_head = pair % kv_heads;
       // The group's query heads kv_head * group ... are adjacent rows of q and of out.
       const int64_t first_row = (b * heads + kv_head * group) * dim;
-      attend_pair(state, cache, table + b * max_blocks, len[b], kv_head, q_ptr + first_row,
-                  static_cast<float>(scale), out_ptr + first_row);
+      attend_pair(state, cache, table + b * max_blocks, len[b], window, kv_head,
+                  q_ptr + first_row, static_cast<float>(scale), out_ptr + first_row);
     }
   }
   return out;
