@@ -2,45 +2,25 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import itertools
 import resource
-import statistics
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from tokenmill.bench.report import key_value_table
+from tokenmill.bench.stats import Distribution
 from tokenmill.bench.workloads import BenchRequest
 from tokenmill.engine.engine import LLMEngine
 from tokenmill.engine.outputs import RequestOutput
+from tokenmill.engine.scheduler import SchedulerStats
 from tokenmill.sampling.params import SamplingParams
 
-
-@dataclass
-class Distribution:
-    mean: float
-    p50: float
-    p99: float
-
-    @classmethod
-    def of(cls, values: list[float]) -> Distribution:
-        if not values:
-            return cls(0.0, 0.0, 0.0)
-        ordered = sorted(values)
-        return cls(
-            statistics.fmean(ordered),
-            _percentile(ordered, 50),
-            _percentile(ordered, 99),
-        )
-
-
-def _percentile(ordered: list[float], pct: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default method)."""
-    position = (len(ordered) - 1) * pct / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+StepObserver = Callable[[LLMEngine, list[RequestOutput]], None]
+_run_ids = itertools.count()
 
 
 @dataclass
@@ -54,53 +34,76 @@ class ThroughputResult:
     total_tokens_per_s: float
     ttft_ms: Distribution
     tpot_ms: Distribution
+    latency_ms: Distribution  # arrival to last token
     peak_rss_mib: float
     kv_cache_bytes: int
     max_concurrent_requests: int
     num_preemptions: int
     prefix_cache_hit_rate: float
+    # Speculative decoding (all zero without it): accepted / drafted tokens, tokens per verify
+    # step, and the time spent drafting and in the steps that verified.
+    spec_acceptance_rate: float = 0.0
+    spec_mean_accepted_length: float = 0.0
+    spec_draft_time_s: float = 0.0
+    spec_verify_time_s: float = 0.0
 
     def table(self) -> str:
-        rows = [
-            ("workload", self.workload),
-            ("requests", f"{self.num_requests}"),
-            ("prompt / output tokens", f"{self.prompt_tokens} / {self.output_tokens}"),
-            ("elapsed", f"{self.elapsed_s:.2f} s"),
-            ("output tokens/s", f"{self.output_tokens_per_s:.1f}"),
-            ("total tokens/s", f"{self.total_tokens_per_s:.1f}"),
-            ("TTFT mean / p50 / p99", _ms(self.ttft_ms)),
-            ("TPOT mean / p50 / p99", _ms(self.tpot_ms)),
-            ("peak RSS", f"{self.peak_rss_mib:.0f} MiB"),
-            ("KV cache", f"{self.kv_cache_bytes / 2**20:.0f} MiB"),
-            ("max concurrent requests", f"{self.max_concurrent_requests}"),
-            ("preemptions", f"{self.num_preemptions}"),
-            ("prefix-cache hit rate", f"{self.prefix_cache_hit_rate:.1%}"),
+        return key_value_table(
+            [
+                ("workload", self.workload),
+                ("requests", f"{self.num_requests}"),
+                ("prompt / output tokens", f"{self.prompt_tokens} / {self.output_tokens}"),
+                ("elapsed", f"{self.elapsed_s:.2f} s"),
+                ("output tokens/s", f"{self.output_tokens_per_s:.1f}"),
+                ("total tokens/s", f"{self.total_tokens_per_s:.1f}"),
+                ("TTFT mean / p50 / p99", self.ttft_ms.summary()),
+                ("TPOT mean / p50 / p99", self.tpot_ms.summary()),
+                ("latency mean / p50 / p99", self.latency_ms.summary()),
+                ("peak RSS", f"{self.peak_rss_mib:.0f} MiB"),
+                ("KV cache", f"{self.kv_cache_bytes / 2**20:.0f} MiB ({self.kv_cache_bytes:,} B)"),
+                ("max concurrent requests", f"{self.max_concurrent_requests}"),
+                ("preemptions", f"{self.num_preemptions}"),
+                ("prefix-cache hit rate", f"{self.prefix_cache_hit_rate:.1%}"),
+                *self._speculation_rows(),
+            ]
+        )
+
+    def _speculation_rows(self) -> list[tuple[str, str]]:
+        if not self.spec_mean_accepted_length:
+            return []
+        times = f"{self.spec_draft_time_s:.2f} s / {self.spec_verify_time_s:.2f} s"
+        return [
+            ("spec acceptance rate", f"{self.spec_acceptance_rate:.1%}"),
+            ("spec mean accepted length", f"{self.spec_mean_accepted_length:.2f} tokens"),
+            ("spec draft / verify time", times),
         ]
-        width = max(len(name) for name, _ in rows)
-        return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
-
-
-def _ms(dist: Distribution) -> str:
-    return f"{dist.mean:.1f} / {dist.p50:.1f} / {dist.p99:.1f} ms"
 
 
 def run_throughput(
-    engine: LLMEngine, requests: list[BenchRequest], workload: str, use_tqdm: bool = True
+    engine: LLMEngine,
+    requests: list[BenchRequest],
+    workload: str,
+    use_tqdm: bool = True,
+    on_step: StepObserver | None = None,
 ) -> ThroughputResult:
-    """All requests arrive at once (offline); greedy with ignore_eos so lengths are fixed."""
+    """All requests arrive at once (offline); greedy with ignore_eos so lengths are fixed.
+
+    `on_step` sees the engine and the step's outputs after every step (the ablation reads KV
+    occupancy and finish times there)."""
+    before = dataclasses.replace(engine.scheduler.stats)  # the engine may have run before
+    run_id = next(_run_ids)
     start = time.monotonic()
     for index, item in enumerate(requests):
-        prompt = (
-            item.prompt if item.prompt is not None else {"prompt_token_ids": item.prompt_token_ids}
-        )
         params = SamplingParams(temperature=0, max_tokens=item.max_tokens, ignore_eos=True)
-        engine.add_request(f"bench-{index}", prompt, params)
+        engine.add_request(f"bench-{run_id}-{index}", item.prompt_input, params)
     finished: list[RequestOutput] = []
     max_running = 0
     with tqdm(total=len(requests), desc=f"bench {workload}", disable=not use_tqdm) as bar:
         while engine.has_unfinished_requests():
             outputs = engine.step()
             max_running = max(max_running, len(engine.scheduler.running))
+            if on_step is not None:
+                on_step(engine, outputs)
             for output in outputs:
                 if output.finished:
                     finished.append(output)
@@ -109,6 +112,8 @@ def run_throughput(
     prompt_tokens = sum(len(out.prompt_token_ids) for out in finished)
     output_tokens = sum(len(out.outputs[0].token_ids) for out in finished)
     stats = engine.scheduler.stats
+    cached = stats.num_prompt_tokens_cached - before.num_prompt_tokens_cached
+    queried = stats.num_prompt_tokens_queried - before.num_prompt_tokens_queried
     return ThroughputResult(
         workload=workload,
         num_requests=len(finished),
@@ -117,30 +122,43 @@ def run_throughput(
         elapsed_s=elapsed,
         output_tokens_per_s=output_tokens / elapsed,
         total_tokens_per_s=(prompt_tokens + output_tokens) / elapsed,
-        ttft_ms=Distribution.of([_ttft(out) * 1000 for out in finished]),
+        ttft_ms=Distribution.of([ttft_s(out) * 1000 for out in finished]),
         tpot_ms=Distribution.of(
-            [_tpot(out) * 1000 for out in finished if len(out.outputs[0].token_ids) > 1]
+            [_tpot_s(out) * 1000 for out in finished if len(out.outputs[0].token_ids) > 1]
         ),
+        latency_ms=Distribution.of([_latency_s(out) * 1000 for out in finished]),
         peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         kv_cache_bytes=engine.kv_cache_bytes,
         max_concurrent_requests=max_running,
-        num_preemptions=stats.num_preemptions,
-        prefix_cache_hit_rate=stats.num_prompt_tokens_cached
-        / max(stats.num_prompt_tokens_queried, 1),
+        num_preemptions=stats.num_preemptions - before.num_preemptions,
+        prefix_cache_hit_rate=cached / max(queried, 1),
+        **_speculation_summary(before, stats),
     )
 
 
-def _ttft(output: RequestOutput) -> float:
+def _speculation_summary(before: SchedulerStats, after: SchedulerStats) -> dict[str, float]:
+    drafted = after.num_draft_tokens - before.num_draft_tokens
+    accepted = after.num_accepted_tokens - before.num_accepted_tokens
+    steps = after.num_verify_steps - before.num_verify_steps
+    return {
+        "spec_acceptance_rate": accepted / drafted if drafted else 0.0,
+        "spec_mean_accepted_length": 1 + accepted / steps if steps else 0.0,
+        "spec_draft_time_s": after.spec_draft_time_s - before.spec_draft_time_s,
+        "spec_verify_time_s": after.spec_verify_time_s - before.spec_verify_time_s,
+    }
+
+
+def ttft_s(output: RequestOutput) -> float:
     assert output.metrics.first_token_time is not None
     return output.metrics.first_token_time - output.metrics.arrival_time
 
 
-def _tpot(output: RequestOutput) -> float:
+def _tpot_s(output: RequestOutput) -> float:
     metrics = output.metrics
     assert metrics.first_token_time is not None and metrics.finish_time is not None
     return (metrics.finish_time - metrics.first_token_time) / (len(output.outputs[0].token_ids) - 1)
 
 
-def write_json(result: ThroughputResult, path: Path, engine_args: dict[str, object]) -> None:
-    payload = {"benchmark": "throughput", "engine_args": engine_args, **asdict(result)}
-    path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
+def _latency_s(output: RequestOutput) -> float:
+    assert output.metrics.finish_time is not None
+    return output.metrics.finish_time - output.metrics.arrival_time

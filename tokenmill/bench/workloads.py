@@ -14,25 +14,66 @@ class BenchRequest:
     prompt: str | None
     max_tokens: int
 
+    @property
+    def prompt_input(self) -> str | list[int]:
+        """The prompt as both LLMEngine.add_request and an OpenAI `prompt` field take it."""
+        return self.prompt if self.prompt is not None else list(self.prompt_token_ids or [])
+
+
+def random_token_ids(rng: random.Random, count: int) -> list[int]:
+    """Ids drawn from the range every workload uses: clear of special tokens in small vocabs."""
+    return [rng.randrange(100, 49000) for _ in range(count)]
+
+
+def random_requests(
+    seed: int, count: int, prompt_len: tuple[int, int], max_tokens: tuple[int, int]
+) -> list[BenchRequest]:
+    """Per request, in this order: a prompt length, its ids, then max_tokens (both inclusive)."""
+    rng = random.Random(seed)
+    requests = []
+    for _ in range(count):
+        prompt = random_token_ids(rng, rng.randint(*prompt_len))
+        requests.append(BenchRequest(prompt, None, rng.randint(*max_tokens)))
+    return requests
+
 
 def batch64() -> list[BenchRequest]:
     """64 random-token prompts of 32-256 tokens, each generating 32-256 tokens."""
-    rng = random.Random(1)
-    requests = []
-    for _ in range(64):
-        n = rng.randint(32, 256)
-        prompt = [rng.randrange(100, 49000) for _ in range(n)]
-        requests.append(BenchRequest(prompt, None, rng.randint(32, 256)))
-    return requests
+    return random_requests(1, 64, (32, 256), (32, 256))
 
 
 def single() -> list[BenchRequest]:
     """One 32-token prompt generating 128 tokens: single-stream decode speed."""
-    rng = random.Random(0)
-    return [BenchRequest([rng.randrange(100, 49000) for _ in range(32)], None, 128)]
+    return [BenchRequest(random_token_ids(random.Random(0), 32), None, 128)]
 
 
-BUILTIN_WORKLOADS = {"batch64": batch64, "single": single}
+PASSAGE = (
+    "The old lighthouse stood at the end of the harbour wall for more than a century. Its "
+    "keeper climbed the one hundred and twelve steps every evening to light the lamp, and every "
+    "morning he climbed them again to put it out. Ships coming home in the dark looked for its "
+    "slow white flash, two seconds on and eight seconds off, and knew that the rocks lay to the "
+    "north. When the harbour closed, the town kept the lighthouse as a museum, and children now "
+    "climb the same steps to look out over the sea."
+)
+
+
+def chatml(user: str) -> str:
+    """A one-turn prompt in the default model's (SmolLM2's) chat template."""
+    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def rewrite() -> list[BenchRequest]:
+    """Single stream, input-grounded: copy a 95-word passage (where prompt lookup shines)."""
+    prompt = chatml(f"Repeat the following passage exactly, word for word.\n\n{PASSAGE}")
+    return [BenchRequest(None, prompt, 100)]
+
+
+def chat() -> list[BenchRequest]:
+    """Single stream, open-ended: an everyday question the prompt holds no answer to."""
+    return [BenchRequest(None, chatml("Explain how a refrigerator keeps food cold."), 128)]
+
+
+BUILTIN_WORKLOADS = {"batch64": batch64, "single": single, "rewrite": rewrite, "chat": chat}
 
 
 def load_workload(name: str) -> list[BenchRequest]:

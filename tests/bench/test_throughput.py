@@ -1,0 +1,52 @@
+"""`tokenmill bench throughput` end to end, and what run_throughput counts."""
+
+from __future__ import annotations
+
+import json
+
+from tokenmill.bench.throughput import run_throughput
+from tokenmill.bench.workloads import BenchRequest
+from tokenmill.config import EngineArgs
+from tokenmill.engine.engine import LLMEngine
+
+
+def test_cli_prints_the_table_and_writes_json(
+    tokenmill_cli, tiny_workload, tiny_requests, tmp_path
+):
+    out = tmp_path / "result.json"
+    result = tokenmill_cli(
+        *("bench", "throughput", "--workload", str(tiny_workload), "--json", str(out)),
+        *("--kv-cache-memory", "32MiB"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "output tokens/s" in result.stdout and "TTFT mean / p50 / p99" in result.stdout
+    payload = json.loads(out.read_text())
+    assert payload["benchmark"] == "throughput"
+    assert payload["num_requests"] == len(tiny_requests)
+    assert payload["output_tokens"] == sum(r["max_tokens"] for r in tiny_requests)
+    assert payload["kv_cache_bytes"] > 0 and payload["peak_rss_mib"] > 0
+    assert set(payload["ttft_ms"]) == {"mean", "p50", "p90", "p99", "max"}
+    assert payload["engine_args"]["kv_cache"] == "paged"
+
+
+def test_a_second_run_on_one_engine_reports_only_its_own_cache_hits(smollm):
+    engine = LLMEngine(EngineArgs(kv_cache_memory="32MiB"), smollm)
+    prompt = list(range(1000, 1040))  # two full blocks and a partial one
+    requests = [BenchRequest(prompt, None, 2)]
+    first = run_throughput(engine, requests, "first", use_tqdm=False)
+    second = run_throughput(engine, requests, "second", use_tqdm=False)
+    assert first.prefix_cache_hit_rate == 0
+    assert second.prefix_cache_hit_rate == 32 / 40
+
+
+def test_step_observer_sees_every_step_and_the_finished_outputs(smollm):
+    engine = LLMEngine(EngineArgs(kv_cache_memory="32MiB"), smollm)
+    seen_steps, finished = [], []
+
+    def observe(observed: LLMEngine, outputs) -> None:
+        seen_steps.append(observed is engine)
+        finished.extend(out.request_id for out in outputs if out.finished)
+
+    run_throughput(engine, [BenchRequest([500, 600, 700], None, 4)], "x", False, observe)
+    assert seen_steps == [True] * 4  # one prefill step, then three decode steps
+    assert len(finished) == 1

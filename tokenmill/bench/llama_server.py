@@ -1,0 +1,154 @@
+"""llama.cpp's `llama-server`, built from the llama.cpp that llama-cpp-python vendors.
+
+llama-cpp-python's wheel ships only the library, so the server is built from its source
+distribution: pip downloads the pinned sdist, CMake (from PyPI, in the anchor's venv) builds
+the one `llama-server` target. With several parallel slots it batches continuously, which makes
+it the llama.cpp a serving comparison should face.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from tokenmill.bench.venvs import VenvSpec, ensure_venv, run_checked
+
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+BUILD_TOOLS = VenvSpec("llama.cpp", ("cmake==4.4.4",))
+CMAKE_OPTIONS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=ON",  # AVX2/FMA on the machine that runs it
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_UI=OFF",  # no npm; an empty web UI
+    "-DLLAMA_USE_PREBUILT_UI=OFF",  # and no download of a prebuilt one
+)
+
+
+def ensure_llama_server(cache_dir: Path, install: bool, jobs: int) -> Path:
+    """Path of the built llama-server binary, building it first if needed (about 12 CPU
+    minutes on 2 cores)."""
+    home = cache_dir / BUILD_TOOLS.name
+    binary = home / "build" / "bin" / "llama-server"
+    stamp = home / "build" / ".tokenmill-built"
+    if binary.is_file() and stamp.is_file() and stamp.read_text() == LLAMA_CPP_PYTHON:
+        return binary
+    if not install:
+        raise ValueError(
+            f"llama.cpp: no llama-server at {binary}; run once without --no-install to build it"
+        )
+    python = ensure_venv(BUILD_TOOLS, cache_dir, install)
+    source = _vendored_llama_cpp(python, home / "src")
+    build = home / "build"
+    cmake = str(python.parent / "cmake")
+    print(f"anchors: building llama-server from {source} (minutes)", file=sys.stderr)
+    run_checked([cmake, "-S", str(source), "-B", str(build), *CMAKE_OPTIONS])
+    run_checked([cmake, "--build", str(build), "--target", "llama-server", "-j", str(jobs)])
+    stamp.write_text(LLAMA_CPP_PYTHON)
+    return binary
+
+
+def _vendored_llama_cpp(python: Path, src_dir: Path) -> Path:
+    """Download and unpack the pinned llama-cpp-python sdist; its vendor/llama.cpp directory."""
+    src_dir.mkdir(parents=True, exist_ok=True)
+    archives = sorted(src_dir.glob("llama_cpp_python-*.tar.gz"))
+    if not archives:
+        run_checked(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                "llama-cpp-python",
+                "--dest",
+                str(src_dir),
+                LLAMA_CPP_PYTHON,
+            ]
+        )
+        archives = sorted(src_dir.glob("llama_cpp_python-*.tar.gz"))
+    unpacked = src_dir / archives[-1].name.removesuffix(".tar.gz")
+    if not unpacked.is_dir():
+        with tarfile.open(archives[-1]) as archive:
+            archive.extractall(src_dir, filter="data")
+    return unpacked / "vendor" / "llama.cpp"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_llama_server(
+    binary: Path, gguf: Path, slots: int, slot_context: int, threads: int, log: Path
+) -> Iterator[str]:
+    """Start llama-server on a free local port, yield its base URL once /health says it is
+    ready, stop it afterwards. Each of `slots` parallel sequences gets `slot_context` tokens;
+    the server's own output goes to `log`."""
+    port = free_port()
+    command = [
+        str(binary),
+        "--model",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--parallel",
+        str(slots),
+        "--ctx-size",
+        str(slots * slot_context),
+        "--threads",
+        str(threads),
+        "--threads-batch",
+        str(threads),
+        "--cont-batching",
+        "--no-webui",
+    ]
+    base_url = f"http://127.0.0.1:{port}"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w", encoding="utf-8") as sink:
+        server = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            _wait_until_healthy(server, base_url, log)
+            yield base_url
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+
+
+def _wait_until_healthy(
+    server: subprocess.Popen[bytes], base_url: str, log: Path, timeout_s: float = 300
+) -> None:
+    """/health answers 503 while the model loads and 200 once it can serve."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            tail = log.read_text(encoding="utf-8", errors="replace")[-2000:]
+            raise RuntimeError(f"llama-server exited with {server.returncode}:\n{tail}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(
+        f"llama-server at {base_url} was not ready after {timeout_s:.0f} s; see {log}"
+    )
