@@ -1,0 +1,52 @@
+"""Engine metrics fed by a real engine run: one observation per event they claim to count."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from tokenmill.config import EngineArgs
+from tokenmill.engine.engine import LLMEngine
+from tokenmill.engine.metrics import EngineMetrics, EngineStats
+from tokenmill.sampling.params import SamplingParams
+
+
+def sample(metrics: EngineMetrics, name: str, labels: dict[str, str] | None = None) -> float:
+    value = metrics.registry.get_sample_value(name, labels or {})
+    return 0.0 if value is None else value
+
+
+def test_a_finished_request_is_observed_once_per_latency_and_token(smollm):
+    engine = LLMEngine(EngineArgs(model=str(smollm.path), kv_cache_memory="64MiB"), loaded=smollm)
+    stats = [EngineStats.of(engine)]
+    metrics = EngineMetrics(lambda: stats[-1])
+    params = SamplingParams(n=2, temperature=0.8, seed=1, max_tokens=6, ignore_eos=True)
+    engine.add_request("r", "The capital of France is", params)
+    metrics.request_added("r", arrival=0.0, num_sequences=2)
+    running = []
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            metrics.request_output(output)
+        running.append(EngineStats.of(engine))
+    stats.append(EngineStats.of(engine))
+
+    assert sample(metrics, "tokenmill_time_to_first_token_seconds_count") == 1
+    assert sample(metrics, "tokenmill_inter_token_latency_seconds_count") == 5
+    assert sample(metrics, "tokenmill_time_per_output_token_seconds_count") == 1
+    assert sample(metrics, "tokenmill_e2e_request_latency_seconds_count") == 1
+    assert sample(metrics, "tokenmill_generation_tokens_total") == 12
+    assert sample(metrics, "tokenmill_prompt_tokens_total") == len(
+        engine.tokenizer.encode("The capital of France is")
+    )
+    assert sample(metrics, "tokenmill_request_success_total", {"finished_reason": "length"}) == 2
+    assert any(s.num_running == 2 and s.kv_blocks_in_use > 0 for s in running)
+    assert sample(metrics, "tokenmill_num_requests_running") == 0
+    assert sample(metrics, "tokenmill_kv_cache_blocks_in_use") == 0
+    assert b"tokenmill_prefix_cache_hit_rate" in generate_latest(metrics.registry)
+
+
+def test_an_aborted_request_counts_each_of_its_sequences():
+    metrics = EngineMetrics(EngineStats)
+    metrics.request_added("r", arrival=0.0, num_sequences=3)
+    metrics.request_ended("r", "abort")
+    metrics.request_ended("r", "abort")  # a second end of the same request is not counted
+    assert sample(metrics, "tokenmill_request_success_total", {"finished_reason": "abort"}) == 3

@@ -1,0 +1,183 @@
+"""What a serving engine reports about itself: a state snapshot and Prometheus metrics.
+
+`EngineStats` is read from the engine between steps, so a scrape never sees a half-updated
+step. Per-request latencies (TTFT, inter-token, per-output-token, end to end) are timed from
+when the caller handed the request over, so they include any wait for the engine loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tokenmill.engine.engine import LLMEngine
+from tokenmill.engine.outputs import RequestOutput
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 10.0)
+REQUEST_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_in_use: int = 0  # held by requests; cached blocks nobody holds count as free
+    num_preemptions: int = 0
+    prefix_cache_queried_tokens: int = 0
+    prefix_cache_hit_tokens: int = 0
+
+    @classmethod
+    def of(cls, engine: LLMEngine) -> EngineStats:
+        scheduler, kv = engine.scheduler, engine.kv_manager
+        total = 0 if kv is None else kv.pool.num_blocks
+        return cls(
+            num_running=len(scheduler.running),
+            num_waiting=scheduler.num_waiting,
+            kv_blocks_total=total,
+            kv_blocks_in_use=0 if kv is None else total - kv.pool.num_free_blocks,
+            num_preemptions=scheduler.stats.num_preemptions,
+            prefix_cache_queried_tokens=scheduler.stats.num_prompt_tokens_queried,
+            prefix_cache_hit_tokens=scheduler.stats.num_prompt_tokens_cached,
+        )
+
+
+class EngineStatsCollector(Collector):
+    """Gauges and counters read from the latest EngineStats at scrape time."""
+
+    def __init__(self, stats: Callable[[], EngineStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        yield GaugeMetricFamily(
+            "tokenmill_num_requests_running", "Requests being computed", s.num_running
+        )
+        yield GaugeMetricFamily(
+            "tokenmill_num_requests_waiting",
+            "Requests queued, preempted ones included",
+            s.num_waiting,
+        )
+        yield GaugeMetricFamily(
+            "tokenmill_kv_cache_blocks_in_use", "KV blocks held by requests", s.kv_blocks_in_use
+        )
+        yield GaugeMetricFamily(
+            "tokenmill_kv_cache_usage_ratio",
+            "Fraction of KV blocks held by requests (0 to 1)",
+            s.kv_blocks_in_use / s.kv_blocks_total if s.kv_blocks_total else 0.0,
+        )
+        yield CounterMetricFamily(
+            "tokenmill_num_preemptions", "Requests preempted to free KV blocks", s.num_preemptions
+        )
+        yield CounterMetricFamily(
+            "tokenmill_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache",
+            s.prefix_cache_queried_tokens,
+        )
+        yield CounterMetricFamily(
+            "tokenmill_prefix_cache_hits",
+            "Prompt tokens served from the prefix cache",
+            s.prefix_cache_hit_tokens,
+        )
+        queried = s.prefix_cache_queried_tokens
+        yield GaugeMetricFamily(
+            "tokenmill_prefix_cache_hit_rate",
+            "Prefix-cache hits over queries, in tokens, since start",
+            s.prefix_cache_hit_tokens / queried if queried else 0.0,
+        )
+
+
+@dataclass
+class _RequestTimes:
+    arrival: float
+    num_sequences: int
+    last_token: float | None = None
+    first_token: float | None = None
+    num_tokens: int = 0
+
+
+class EngineMetrics:
+    """Prometheus metrics of one engine, in their own registry (several servers can share a
+    process, as the tests do)."""
+
+    def __init__(self, stats: Callable[[], EngineStats]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.finished = Counter(
+            "tokenmill_request_success",
+            "Finished sequences by finish reason (stop, length, abort, error)",
+            ["finished_reason"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "tokenmill_time_to_first_token_seconds",
+            "Arrival to first generated token",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "tokenmill_inter_token_latency_seconds",
+            "Time between consecutive outputs of a request that carried new tokens",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "tokenmill_time_per_output_token_seconds",
+            "Per request: (last token - first token) / (tokens - 1)",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "tokenmill_e2e_request_latency_seconds",
+            "Arrival to the last token",
+            buckets=REQUEST_BUCKETS_S,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "tokenmill_prompt_tokens", "Prompt tokens of started requests", registry=r
+        )
+        self.generation_tokens = Counter(
+            "tokenmill_generation_tokens", "Generated tokens", registry=r
+        )
+        r.register(EngineStatsCollector(stats))
+        self._times: dict[str, _RequestTimes] = {}
+
+    def request_added(self, request_id: str, arrival: float, num_sequences: int = 1) -> None:
+        self._times[request_id] = _RequestTimes(arrival, num_sequences)
+
+    def request_output(self, output: RequestOutput, now: float | None = None) -> None:
+        times = self._times.get(output.request_id)
+        if times is None:
+            return
+        now = time.monotonic() if now is None else now
+        num_tokens = sum(len(c.token_ids) for c in output.outputs)
+        new_tokens = num_tokens - times.num_tokens
+        if new_tokens > 0:
+            if times.first_token is None:
+                times.first_token = now
+                self.ttft.observe(now - times.arrival)
+                self.prompt_tokens.inc(len(output.prompt_token_ids))
+            else:
+                self.itl.observe(now - (times.last_token or now))
+            times.last_token = now
+            times.num_tokens = num_tokens
+            self.generation_tokens.inc(new_tokens)
+        if output.finished:
+            del self._times[output.request_id]
+            self.e2e.observe(now - times.arrival)
+            longest = max(len(c.token_ids) for c in output.outputs)
+            if times.first_token is not None and longest > 1:
+                self.tpot.observe((now - times.first_token) / (longest - 1))
+            for completion in output.outputs:
+                self.finished.labels(completion.finish_reason or "stop").inc()
+
+    def request_ended(self, request_id: str, reason: str) -> None:
+        """A request that ended without a finished output: aborted, or failed."""
+        times = self._times.pop(request_id, None)
+        if times is not None:
+            self.finished.labels(reason).inc(times.num_sequences)

@@ -1,0 +1,223 @@
+"""The OpenAI-compatible HTTP server: FastAPI routes over one AsyncLLMEngine, run by uvicorn.
+
+`build_app` wires routes, errors and auth around an engine (tests build several in one process
+around one loaded model); `run_server` is what `tokenmill serve` calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvicorn
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+
+from tokenmill.config import EngineArgs
+from tokenmill.engine.async_engine import AsyncLLMEngine
+from tokenmill.engine.engine import LLMEngine
+from tokenmill.loader.chat_template import DEFAULT_CHAT_TEMPLATE
+from tokenmill.server.chat import create_chat_completion
+from tokenmill.server.completions import create_completion
+from tokenmill.server.errors import APIError, bad_request, internal_error, validation_error
+from tokenmill.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+    TokenizerInfo,
+)
+from tokenmill.server.serving import (
+    ClientDisconnectedError,
+    ServingContext,
+    chat_prompt,
+    created_at,
+)
+
+logger = logging.getLogger(__name__)
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left first"; nobody reads it
+
+
+def build_app(
+    engine: LLMEngine,
+    model_name: str,
+    api_key: str | None = None,
+    max_waiting_requests: int | None = None,
+) -> FastAPI:
+    async_engine = AsyncLLMEngine(engine, max_waiting_requests)
+    ctx = ServingContext(async_engine, model_name)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async_engine.start()
+        try:
+            yield
+        finally:
+            await async_engine.shutdown()
+
+    app = FastAPI(title="tokenmill", lifespan=lifespan)
+    app.state.serving = ctx
+    _add_error_handlers(app)
+    app.include_router(_open_routes(ctx))
+    auth = [Depends(_bearer_check(api_key))] if api_key else []
+    app.include_router(_api_routes(ctx), dependencies=auth)
+    return app
+
+
+def run_server(
+    args: EngineArgs,
+    host: str,
+    port: int,
+    api_key: str | None,
+    served_model_name: str | None,
+    max_waiting_requests: int | None,
+    shutdown_timeout_s: float,
+) -> int:
+    engine = LLMEngine(args)
+    app = build_app(engine, served_model_name or args.model, api_key, max_waiting_requests)
+    config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=shutdown_timeout_s)
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler
+    # it found installed; a no-op handler makes that second delivery a clean exit 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    uvicorn.Server(config).run()
+    return 0
+
+
+class _FailAloneRoute(APIRoute):
+    """An unexpected exception becomes this request's 500 with an OpenAI-style body. (Left to
+    Starlette, it would be re-raised to uvicorn, which drops the connection instead.)"""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (APIError, HTTPException, RequestValidationError, ClientDisconnectedError):
+                raise
+            except Exception as exc:
+                logger.error("request to %s failed", request.url.path, exc_info=exc)
+                return internal_error(exc).response()
+
+        return handle
+
+
+def _open_routes(ctx: ServingContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> Response:
+        """200 while the engine loop runs; 503 once it stopped."""
+        return Response(status_code=200 if ctx.engine.is_running else 503)
+
+    return router
+
+
+def _api_routes(ctx: ServingContext) -> APIRouter:
+    router = APIRouter(route_class=_FailAloneRoute)
+
+    @router.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request) -> Response:
+        return await create_completion(req, request, ctx)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
+        return await create_chat_completion(req, request, ctx)
+
+    @router.get("/v1/models")
+    async def models() -> ModelList:
+        card = ModelCard(id=ctx.model_name, created=created_at(), max_model_len=ctx.max_model_len)
+        return ModelList(data=[card])
+
+    @router.post("/tokenize")
+    async def tokenize(req: TokenizeRequest) -> TokenizeResponse:
+        ctx.check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise bad_request("give exactly one of prompt or messages", "prompt")
+        if req.messages is not None:
+            tokens = chat_prompt(ctx.tokenizer, req.messages).token_ids
+        else:
+            tokens = ctx.tokenizer.encode(req.prompt or "", req.add_special_tokens)
+        return TokenizeResponse(count=len(tokens), max_model_len=ctx.max_model_len, tokens=tokens)
+
+    @router.get("/tokenizer_info")
+    async def tokenizer_info() -> TokenizerInfo:
+        """What lm-eval's remote tokenizer reads, so it needs no tokenizer download."""
+        tokenizer = ctx.tokenizer
+
+        def text(token_id: int | None) -> str | None:
+            return None if token_id is None else tokenizer.id_to_token(token_id)
+
+        return TokenizerInfo(
+            eos_token=text(tokenizer.eos_token_id),
+            bos_token=text(tokenizer.bos_token_id),
+            chat_template=tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE,
+            model_max_length=ctx.max_model_len,
+        )
+
+    @router.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest) -> DetokenizeResponse:
+        ctx.check_model(req.model)
+        vocab = ctx.tokenizer.vocab_size
+        bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request(f"token id {bad} is outside the vocabulary [0, {vocab})", "tokens")
+        return DetokenizeResponse(prompt=ctx.tokenizer.decode(req.tokens))
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        return Response(
+            generate_latest(ctx.engine.metrics.registry), media_type=CONTENT_TYPE_LATEST
+        )
+
+    return router
+
+
+def _bearer_check(api_key: str) -> Callable[[Request], Awaitable[None]]:
+    """Compare digests of the header and the expected value, so neither the key's content nor
+    its length shows in the time a wrong guess takes."""
+    expected = hashlib.sha256(f"Bearer {api_key}".encode()).digest()
+
+    async def check(request: Request) -> None:
+        given = hashlib.sha256(request.headers.get("authorization", "").encode()).digest()
+        if not hmac.compare_digest(given, expected):
+            raise APIError(
+                401,
+                "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    return check
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        return APIError(exc.status_code, str(exc.detail), headers=exc.headers).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_error(exc.errors()).response()
+
+    @app.exception_handler(ClientDisconnectedError)
+    async def client_gone(_: Request, __: ClientDisconnectedError) -> Response:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)

@@ -1,0 +1,150 @@
+"""POST /v1/chat/completions: the messages rendered with the model's chat template, `n` choices.
+
+A stream opens each choice with a `{"role": "assistant", "content": ""}` delta, as OpenAI does,
+then sends content deltas and a last delta carrying the finish reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from tokenmill.engine.async_engine import RequestStream
+from tokenmill.engine.outputs import CompletionOutput
+from tokenmill.sampling.params import MAX_LOGPROBS
+from tokenmill.server.errors import bad_request
+from tokenmill.server.logprobs import chat_logprobs
+from tokenmill.server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatStreamChoice,
+    DeltaMessage,
+)
+from tokenmill.server.serving import (
+    SSE_DONE,
+    EngineStreamingResponse,
+    Prompt,
+    ServingContext,
+    chat_prompt,
+    check_fits,
+    close_all,
+    collect,
+    created_at,
+    new_id,
+    sampling_params,
+    sse,
+    sse_error,
+    submit,
+    usage,
+)
+
+
+@dataclass
+class _Job:
+    ctx: ServingContext
+    req: ChatCompletionRequest
+    prompt: Prompt
+    logprobs: bool
+    n: int
+    id: str = field(default_factory=lambda: new_id("chatcmpl"))
+    created: int = field(default_factory=created_at)
+
+    def chunk(self, choices: list[ChatStreamChoice]) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.ctx.model_name, choices=choices
+        )
+
+    def logprobs_of(self, out: CompletionOutput, start: int) -> ChatLogprobs | None:
+        if not self.logprobs or out.logprobs is None:
+            return None
+        return ChatLogprobs(content=chat_logprobs(self.ctx.tokenizer, out.logprobs[start:]))
+
+
+async def create_chat_completion(
+    req: ChatCompletionRequest, request: Request, ctx: ServingContext
+) -> Response:
+    ctx.check_model(req.model)
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    max_tokens = getattr(req, param)
+    if max_tokens is not None and max_tokens < 1:
+        raise bad_request(f"{param} must be >= 1, got {max_tokens}", param)
+    if req.top_logprobs is not None:
+        if not req.logprobs:
+            raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
+        if not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+            raise bad_request(
+                f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {req.top_logprobs}",
+                "top_logprobs",
+            )
+    prompt = chat_prompt(ctx.tokenizer, req.messages)
+    top = (req.top_logprobs or 0) if req.logprobs else None
+    params = sampling_params(req, max_tokens=max_tokens, logprobs=top)
+    check_fits(ctx, prompt, max_tokens, "messages")
+    job = _Job(ctx, req, prompt, bool(req.logprobs), params.n)
+    streams = await submit(ctx, job.id, [prompt], params, "messages")
+    if req.stream:
+        return EngineStreamingResponse(_stream(job, streams[0]), streams)
+    try:
+        (output,) = await collect(streams, request)
+    finally:
+        close_all(streams)
+    choices = [
+        ChatChoice(
+            index=out.index,
+            message=AssistantMessage(content=out.text),
+            logprobs=job.logprobs_of(out, 0),
+            finish_reason=out.finish_reason,
+        )
+        for out in output.outputs
+    ]
+    num_tokens = sum(len(out.token_ids) for out in output.outputs)
+    response = ChatCompletionResponse(
+        id=job.id,
+        created=job.created,
+        model=ctx.model_name,
+        choices=choices,
+        usage=usage([prompt], num_tokens),
+    )
+    return JSONResponse(response.model_dump())
+
+
+async def _stream(job: _Job, stream: RequestStream) -> AsyncIterator[str]:
+    include_usage = job.req.include_usage
+    exclude = None if include_usage else {"usage"}
+    sent_chars = [0] * job.n
+    sent_tokens = [0] * job.n
+    num_tokens = 0
+    try:
+        opening = [
+            ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
+            for i in range(job.n)
+        ]
+        yield sse(job.chunk(opening), exclude)
+        async for output in stream:
+            for out in output.outputs:
+                new_text = out.text[sent_chars[out.index] :]
+                if not new_text and out.finish_reason is None:
+                    continue
+                choice = ChatStreamChoice(
+                    index=out.index,
+                    delta=DeltaMessage(content=new_text) if new_text else DeltaMessage(),
+                    logprobs=job.logprobs_of(out, sent_tokens[out.index]),
+                    finish_reason=out.finish_reason,
+                )
+                sent_chars[out.index], sent_tokens[out.index] = len(out.text), len(out.token_ids)
+                yield sse(job.chunk([choice]), exclude)
+            num_tokens = sum(len(out.token_ids) for out in output.outputs)
+        if include_usage:
+            final = job.chunk([])
+            final.usage = usage([job.prompt], num_tokens)
+            yield sse(final)
+    except Exception as exc:
+        yield sse_error(exc)
+    yield SSE_DONE
