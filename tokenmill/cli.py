@@ -1,19 +1,21 @@
-"""`tokenmill` command line: generate, chat, bench."""
+"""`tokenmill` command line: generate, chat, serve, bench."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 
-from tokenmill.config import DTYPES, KV_CACHE_MODES, SCHEDULERS, EngineArgs
+from tokenmill.config import DTYPES, KV_CACHE_MODES, SCHEDULERS, SPECULATIVE_METHODS, EngineArgs
 from tokenmill.engine.engine import LLMEngine, PromptInput
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.loader.errors import ModelLoadError
+from tokenmill.quant.registry import QUANT_METHODS, quantization_choices
 from tokenmill.sampling.params import SamplingParams
 
 
@@ -39,6 +41,52 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True
     )
     group.add_argument("--max-model-len", type=int, default=None)
+    group.add_argument(
+        "--quantization",
+        default=defaults["quantization"].default,
+        choices=quantization_choices(),
+        help="weight format chosen at load time (docs/quantization.md)",
+    )
+    _add_speculative_args(parser, defaults)
+
+
+def _add_speculative_args(parser: argparse.ArgumentParser, defaults: dict) -> None:
+    group = parser.add_argument_group("speculative decoding (docs/speculative.md)")
+    group.add_argument(
+        "--speculative-method",
+        default=None,
+        choices=SPECULATIVE_METHODS,
+        help="draft tokens and verify them in one target pass (default: off)",
+    )
+    group.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=defaults["num_speculative_tokens"].default,
+        help="K: the most drafts a request verifies per step",
+    )
+    group.add_argument(
+        "--prompt-lookup-min", type=int, default=defaults["prompt_lookup_min"].default
+    )
+    group.add_argument(
+        "--prompt-lookup-max", type=int, default=defaults["prompt_lookup_max"].default
+    )
+    group.add_argument(
+        "--draft-model",
+        default=None,
+        help="for --speculative-method draft: 'self:layers=N' or a model sharing the vocabulary",
+    )
+    group.add_argument(
+        "--speculative-disable-batch-size",
+        type=int,
+        default=defaults["speculative_disable_batch_size"].default,
+        help="no speculation while more requests than this run",
+    )
+    group.add_argument(
+        "--speculative-adaptive-k",
+        action=argparse.BooleanOptionalAction,
+        default=defaults["speculative_adaptive_k"].default,
+        help="each request's K follows its acceptance",
+    )
 
 
 def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
@@ -147,8 +195,23 @@ def cmd_chat(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(ns: argparse.Namespace) -> int:
+    from tokenmill.server.app import run_server
+
+    return run_server(
+        engine_args_from(ns),
+        host=ns.host,
+        port=ns.port,
+        api_key=ns.api_key,
+        served_model_name=ns.served_model_name,
+        max_waiting_requests=ns.max_waiting_requests,
+        shutdown_timeout_s=ns.shutdown_timeout,
+    )
+
+
 def cmd_bench_throughput(ns: argparse.Namespace) -> int:
-    from tokenmill.bench.throughput import run_throughput, write_json
+    from tokenmill.bench.report import write_json
+    from tokenmill.bench.throughput import run_throughput
     from tokenmill.bench.workloads import load_workload
 
     requests = load_workload(ns.workload)
@@ -157,7 +220,106 @@ def cmd_bench_throughput(ns: argparse.Namespace) -> int:
     result = run_throughput(engine, requests, ns.workload)
     print(result.table())
     if ns.json:
-        write_json(result, Path(ns.json), dataclasses.asdict(args))
+        payload = {"benchmark": "throughput", "engine_args": dataclasses.asdict(args)}
+        write_json(Path(ns.json), {**payload, **dataclasses.asdict(result)})
+    return 0
+
+
+def cmd_bench_serve(ns: argparse.Namespace) -> int:
+    from tokenmill.bench.report import write_json
+    from tokenmill.bench.serve import ServeConfig, parse_goodput, parse_request_rate, run_serve
+    from tokenmill.bench.workloads import load_workload
+
+    config = ServeConfig(
+        base_url=ns.base_url,
+        model=ns.served_model,
+        request_rate=parse_request_rate(ns.request_rate),
+        max_concurrency=ns.max_concurrency,
+        seed=ns.seed,
+        goodput=parse_goodput(ns.goodput) if ns.goodput else {},
+    )
+    result = run_serve(config, load_workload(ns.workload))
+    print(result.table())
+    if ns.json:
+        payload = {"benchmark": "serve", "workload": ns.workload, "seed": ns.seed}
+        write_json(Path(ns.json), {**payload, **dataclasses.asdict(result)})
+    return 0 if result.completed else 1
+
+
+def cmd_bench_ablate(ns: argparse.Namespace) -> int:
+    from tokenmill.bench.ablate import FULL, QUICK, run_ablate
+
+    only = ns.only.split(",") if ns.only else None
+    report = run_ablate(engine_args_from(ns), QUICK if ns.quick else FULL, Path(ns.out_dir), only)
+    print(report.table())
+    print(f"wrote ablate.md, ablate.json and the plots to {ns.out_dir}", file=sys.stderr)
+    return 0
+
+
+def cmd_bench_anchors(ns: argparse.Namespace) -> int:
+    from tokenmill.bench.anchors import AnchorOptions, run_anchors, write_report
+    from tokenmill.bench.venvs import DEFAULT_CACHE_DIR
+    from tokenmill.bench.workloads import load_workload
+
+    pythons = {}
+    for item in ns.python:
+        engine, sep, path = item.partition("=")
+        if not sep:
+            raise ValueError(f"--python takes ENGINE=PATH, got {item!r}")
+        pythons[engine] = Path(path)
+    options = AnchorOptions(
+        cache_dir=Path(ns.cache_dir) if ns.cache_dir else DEFAULT_CACHE_DIR,
+        threads=ns.threads,
+        install=not ns.no_install,
+        hf_batch_size=ns.hf_batch_size,
+        llama_slots=ns.llama_slots,
+        pythons=pythons,
+    )
+    workloads = {name: load_workload(name) for name in ns.workloads.split(",")}
+    args = engine_args_from(ns)
+    report = run_anchors(args, workloads, ns.engines.split(","), options)
+    print(report.table())
+    if ns.json:
+        write_report(report, Path(ns.json), args, options)
+    return 1 if report.failures() else 0
+
+
+def cmd_train_eagle(ns: argparse.Namespace) -> int:
+    from tokenmill.spec.eagle_train import TrainingConfig, train_eagle
+
+    config = TrainingConfig(
+        num_prompts=ns.num_prompts,
+        max_tokens=ns.max_tokens,
+        draft_vocab_size=ns.draft_vocab_size,
+        epochs=ns.epochs,
+    )
+    corpus = Path(ns.corpus) if ns.corpus else None
+    report = train_eagle(LLMEngine(engine_args_from(ns)), Path(ns.out), config, corpus)
+    print(
+        f"wrote {ns.out}: {report.num_sequences} conversations, {report.num_tokens} tokens "
+        f"(generated in {report.generate_s:.0f} s), trained in {report.train_s:.0f} s; draft "
+        f"vocabulary covers {report.draft_vocab_coverage:.1%} of the tokens; held-out "
+        f"first-draft accuracy {report.held_out_accuracy:.1%}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_eval(ns: argparse.Namespace) -> int:
+    from tokenmill.quant.evaluate import SPEED_WORKLOADS, default_methods, evaluate
+
+    report = evaluate(
+        ns.model,
+        ns.quantization or default_methods(ns.model),
+        ns.checkpoint,
+        ns.eval_samples,
+        ns.eval_seq_len,
+        () if ns.no_speed else SPEED_WORKLOADS,
+        on_row=lambda row: print(f"eval: {row.name} done", file=sys.stderr),
+    )
+    print(report.table())
+    if ns.json:
+        report.write_json(Path(ns.json))
     return 0
 
 
@@ -165,6 +327,24 @@ def cmd_export_hf(ns: argparse.Namespace) -> int:
     from tokenmill.loader.export import export_hf
 
     out = export_hf(ns.model, Path(ns.out_dir))
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def cmd_quantize(ns: argparse.Namespace) -> int:
+    import torch
+
+    from tokenmill.loader.model_loader import load_model
+    from tokenmill.quant.checkpoint import save_quantized
+    from tokenmill.quant.registry import quant_method
+
+    options = {
+        key: getattr(ns, key)
+        for key in ("bits", "group_size", "calib_samples", "act_order", "alpha")
+    }
+    method = quant_method(ns.method, **{k: v for k, v in options.items() if v is not None})
+    loaded = load_model(ns.model, torch.float32, method)
+    out = save_quantized(loaded, method, Path(ns.out_dir))
     print(f"wrote {out}", file=sys.stderr)
     return 0
 
@@ -193,6 +373,32 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(chat)
     chat.set_defaults(func=cmd_chat)
 
+    serve = commands.add_parser("serve", help="OpenAI-compatible HTTP server")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("TOKENMILL_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $TOKENMILL_API_KEY); /health is open",
+    )
+    serve.add_argument(
+        "--served-model-name", default=None, help="the model name clients send (default: --model)"
+    )
+    serve.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=256,
+        help="beyond this many queued requests, answer 503 with Retry-After",
+    )
+    serve.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds SIGTERM waits for in-flight requests before aborting them",
+    )
+    add_engine_args(serve)
+    serve.set_defaults(func=cmd_serve)
+
     bench = commands.add_parser("bench", help="measure tokenmill on a workload")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     throughput = bench_kinds.add_parser("throughput", help="offline throughput and latency")
@@ -202,6 +408,141 @@ def build_parser() -> argparse.ArgumentParser:
     throughput.add_argument("--json", default=None, help="also write the result as JSON here")
     add_engine_args(throughput)
     throughput.set_defaults(func=cmd_bench_throughput)
+
+    serve = bench_kinds.add_parser(
+        "serve", help="stream a workload from any OpenAI-compatible server; latency percentiles"
+    )
+    serve.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root or /v1")
+    serve.add_argument(
+        "--workload", default="batch64", help="batch64, single, or a JSONL file of requests"
+    )
+    serve.add_argument(
+        "--model",
+        dest="served_model",
+        default=None,
+        help="model name to send (default: the first the server lists)",
+    )
+    serve.add_argument(
+        "--request-rate", default="inf", help="requests/s as a Poisson process, or inf"
+    )
+    serve.add_argument("--max-concurrency", type=int, default=None)
+    serve.add_argument("--seed", type=int, default=0, help="seed of the arrival times")
+    serve.add_argument(
+        "--goodput", default=None, help="SLOs such as ttft_ms=500,tpot_ms=50 (also e2el_ms)"
+    )
+    serve.add_argument("--json", default=None, help="also write the result as JSON here")
+    serve.set_defaults(func=cmd_bench_serve)
+
+    ablate = bench_kinds.add_parser(
+        "ablate", help="each technique off and on: one table, PNG plots and JSON"
+    )
+    ablate.add_argument("--out-dir", default="bench_out/ablate")
+    ablate.add_argument(
+        "--quick", action="store_true", help="tiny sizes: seconds instead of ~10 minutes"
+    )
+    ablate.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated: kv-cache,batching,prefix-caching,chunked-prefill,kv-memory",
+    )
+    add_engine_args(ablate)
+    ablate.set_defaults(func=cmd_bench_ablate)
+
+    anchors = bench_kinds.add_parser(
+        "anchors", help="the same token ids on HF transformers, vLLM-CPU and llama.cpp"
+    )
+    anchors.add_argument("--engines", default="transformers,vllm,llama.cpp")
+    anchors.add_argument("--workloads", default="batch64,single", help="comma-separated")
+    anchors.add_argument(
+        "--cache-dir", default=None, help="venvs and builds (default ~/.cache/tokenmill/anchors)"
+    )
+    anchors.add_argument("--threads", type=int, default=2, help="for every engine alike")
+    anchors.add_argument(
+        "--no-install", action="store_true", help="fail instead of installing a missing engine"
+    )
+    anchors.add_argument("--hf-batch-size", type=int, default=16, help="transformers batches")
+    anchors.add_argument("--llama-slots", type=int, default=16, help="llama-server --parallel")
+    anchors.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="ENGINE=PATH",
+        help="run an anchor with an interpreter that already has it, not a managed venv",
+    )
+    anchors.add_argument("--json", default=None, help="also write the results as JSON here")
+    add_engine_args(anchors)
+    anchors.set_defaults(func=cmd_bench_anchors)
+
+    quantize = commands.add_parser(
+        "quantize", help="write a quantized checkpoint that tokenmill loads directly"
+    )
+    quantize.add_argument("--method", required=True, choices=list(QUANT_METHODS))
+    quantize.add_argument("--bits", type=int, default=None, help="the method's only one if unset")
+    quantize.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        help="inputs per scale: 32, 64 or 128 (int4 default 32; int8 default per channel)",
+    )
+    quantize.add_argument(
+        "--calib-samples",
+        type=int,
+        default=None,
+        help="gptq, awq, smoothquant: calibration windows of 512 tokens (default 64)",
+    )
+    quantize.add_argument(
+        "--act-order",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="gptq: round inputs by decreasing activation energy (default on)",
+    )
+    quantize.add_argument(
+        "--alpha", type=float, default=None, help="smoothquant: migration strength (0.5)"
+    )
+    quantize.add_argument("model", help="a .gguf file, a Hugging Face directory or package name")
+    quantize.add_argument("out_dir")
+    quantize.set_defaults(func=cmd_quantize)
+
+    train = commands.add_parser(
+        "train-eagle", help="train an EAGLE draft head on the model's own answers (CPU)"
+    )
+    train.add_argument("--out", required=True, help="the .safetensors file to write")
+    train.add_argument("--num-prompts", type=int, default=320)
+    train.add_argument("--max-tokens", type=int, default=160, help="answer length per prompt")
+    train.add_argument("--epochs", type=int, default=8)
+    train.add_argument("--draft-vocab-size", type=int, default=8192)
+    train.add_argument(
+        "--corpus", default=None, help="JSON of generated conversations: reused if it exists"
+    )
+    add_engine_args(train)
+    train.set_defaults(func=cmd_train_eagle)
+
+    evaluate = commands.add_parser(
+        "eval", help="perplexity, KL, bytes and tokens/s of each quantization, one table"
+    )
+    evaluate.add_argument(
+        "--model",
+        default=EngineArgs.model,
+        help="the unquantized model every row is compared against",
+    )
+    evaluate.add_argument(
+        "--quantization",
+        nargs="+",
+        choices=quantization_choices(),
+        default=None,
+        help="methods to compare (default: all that apply); the unquantized model is row one",
+    )
+    evaluate.add_argument(
+        "--checkpoint",
+        action="append",
+        default=[],
+        help="also a directory `tokenmill quantize` wrote (repeatable)",
+    )
+    evaluate.add_argument("--eval-samples", type=int, default=32, help="held-out windows")
+    evaluate.add_argument("--eval-seq-len", type=int, default=256, help="tokens per window")
+    evaluate.add_argument("--no-speed", action="store_true", help="skip the tokens/s runs")
+    evaluate.add_argument("--json", default=None, help="also write the report as JSON here")
+    evaluate.set_defaults(func=cmd_eval)
 
     export = commands.add_parser("export-hf", help="write a GGUF model as a Hugging Face dir")
     export.add_argument("model", help="a .gguf file or packaged model name")

@@ -55,6 +55,7 @@ def parse_dtype(name: str) -> torch.dtype:
 
 KV_CACHE_MODES = ("none", "contiguous", "paged")
 SCHEDULERS = ("continuous", "static")
+SPECULATIVE_METHODS = ("ngram", "draft", "eagle")
 _MEMORY_UNITS = {
     "": 1,
     "B": 1,
@@ -105,6 +106,16 @@ class EngineArgs:
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
     max_model_len: int | None = None
+    # Weight quantization at load time (docs/quantization.md): "none", "int8", "int4", "gguf".
+    quantization: str = "none"
+    # Speculative decoding (docs/speculative.md); None is the baseline: one target step a token.
+    speculative_method: str | None = None
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
+    draft_model: str | None = None  # "draft": "self:layers=N" or a model; "eagle": a head file
+    speculative_disable_batch_size: int | None = 4
+    speculative_adaptive_k: bool = True
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)
@@ -115,6 +126,31 @@ class EngineArgs:
             _positive_int(name, getattr(self, name))
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len)
+        from tokenmill.quant.registry import check_quantization  # imports the model code
+
+        check_quantization(self.quantization)
+        _check_speculation(self)
+
+
+def _check_speculation(args: EngineArgs) -> None:
+    if args.speculative_method not in ("draft", "eagle") and args.draft_model is not None:
+        raise ValueError("draft_model needs speculative_method='draft' (or 'eagle', for a head)")
+    if args.speculative_method is None:
+        return
+    _one_of("speculative_method", args.speculative_method, SPECULATIVE_METHODS)
+    for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+        _positive_int(name, getattr(args, name))
+    if args.prompt_lookup_min > args.prompt_lookup_max:
+        raise ValueError(
+            f"prompt_lookup_min ({args.prompt_lookup_min}) must be <= prompt_lookup_max "
+            f"({args.prompt_lookup_max})"
+        )
+    if args.speculative_disable_batch_size is not None:
+        _positive_int("speculative_disable_batch_size", args.speculative_disable_batch_size)
+    if args.kv_cache == "none":
+        raise ValueError("speculative_method needs a KV cache: kv_cache='paged' or 'contiguous'")
+    if args.speculative_method == "draft" and args.draft_model is None:
+        raise ValueError("speculative_method='draft' needs draft_model: 'self:layers=N' or a path")
 
 
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:

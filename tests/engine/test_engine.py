@@ -272,3 +272,70 @@ def test_prompt_longer_than_the_context_names_both_numbers(smollm):
 def test_contiguous_pool_too_small_for_one_reservation_fails_at_construction(smollm):
     with pytest.raises(ValueError, match="contiguous.*max_model_len=8192"):
         make_engine(smollm, kv_cache="contiguous", kv_cache_memory="64MiB")
+
+
+# --- prompt logprobs --------------------------------------------------------------------------
+
+
+def prompt_logprobs_of(
+    engine: LLMEngine, prompts, num_top: int = 2, max_tokens: int = 2
+) -> list[RequestOutput]:
+    params = SamplingParams(
+        temperature=0, max_tokens=max_tokens, ignore_eos=True, prompt_logprobs=num_top
+    )
+    return run_all(engine, prompts, params)
+
+
+def test_prompt_logprobs_equal_a_full_transformers_forward(smollm, hf_smollm):
+    prompt = random_prompt(21, 50)
+    (out,) = prompt_logprobs_of(make_engine(smollm), [prompt], num_top=3)
+    with torch.inference_mode():
+        reference = hf_smollm(torch.tensor([prompt])).logits[0].log_softmax(dim=-1)
+    assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == len(prompt)
+    assert out.prompt_logprobs[0] is None
+    for position, entry in enumerate(out.prompt_logprobs[1:], start=1):
+        expected = reference[position - 1]
+        assert entry.token_id == prompt[position]
+        assert entry.logprob == pytest.approx(expected[prompt[position]].item(), abs=1e-3)
+        # Ranks and top-N orders of near-ties may differ by float noise: bound them instead.
+        chosen = expected[prompt[position]]
+        assert (expected > chosen + 1e-3).sum() < entry.rank <= (expected > chosen - 1e-3).sum() + 1
+        top = expected.topk(3)
+        assert [value for _, value in entry.top] == pytest.approx(top.values.tolist(), abs=1e-3)
+
+
+def test_prompt_logprobs_survive_chunking_prefix_cache_hits_and_no_cache(smollm):
+    prompt = random_prompt(22, 70)
+    (alone,) = prompt_logprobs_of(make_engine(smollm), [prompt])
+    chunked = make_engine(smollm, max_num_batched_tokens=16)
+    first, again = prompt_logprobs_of(chunked, [prompt, prompt])
+    (uncached,) = prompt_logprobs_of(make_engine(smollm, kv_cache="none"), [prompt])
+    expected = [entry.logprob for entry in alone.prompt_logprobs[1:]]
+    for out in (first, again, uncached):
+        assert out.num_cached_tokens == 0  # cached prompt positions would have no logprobs
+        assert [entry.logprob for entry in out.prompt_logprobs[1:]] == pytest.approx(
+            expected, abs=1e-4
+        )
+    assert_no_blocks_held(chunked)
+
+
+def test_prompt_logprobs_are_scored_once_across_preemption(smollm):
+    prompts = [random_prompt(seed, 40) for seed in range(6)]
+    expected = prompt_logprobs_of(make_engine(smollm), prompts, max_tokens=40)
+    small = make_engine(smollm, kv_cache_memory=24 * 16 * smollm_kv_bytes(smollm))
+    outputs = prompt_logprobs_of(small, prompts, max_tokens=40)
+    assert small.scheduler.stats.num_preemptions > 0
+    for out, ref in zip(outputs, expected, strict=True):
+        assert len(out.prompt_logprobs) == len(ref.prompt_logprobs) == 40
+        assert [e.logprob for e in out.prompt_logprobs[1:]] == pytest.approx(
+            [e.logprob for e in ref.prompt_logprobs[1:]], abs=1e-4
+        )
+
+
+def test_n_samples_report_the_prompt_logprobs_once(smollm):
+    prompt = random_prompt(23, 20)
+    params = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=4, prompt_logprobs=0)
+    (out,) = run_all(make_engine(smollm), [prompt], params)
+    assert len(out.outputs) == 3
+    assert len(out.prompt_logprobs) == len(prompt)
+    assert all(entry.top == [] for entry in out.prompt_logprobs[1:])

@@ -24,7 +24,7 @@ def make_request(request_id: str, prompt_len: int, max_tokens: int = 4, priority
 def fake_step(scheduler: Scheduler) -> SchedulerOutput:
     """Stand-in for the runner: every sampling request gets token 7."""
     out = scheduler.schedule()
-    sampled = {s.request.request_id: 7 for s in out.scheduled if s.samples}
+    sampled = {s.request.request_id: [7] for s in out.scheduled if s.samples}
     scheduler.update(out, sampled)
     return out
 

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from tokenmill.model.attention import AttentionMetadata, attention, write_kv_cache
+from tokenmill.model.attention import (
+    MAX_DECODE_QUERY,
+    AttentionMetadata,
+    attention,
+    write_kv_cache,
+)
 from tokenmill.model.flash_reference import PagedSequence, paged_flash_attention
 
 HEAD_DIM = 8
@@ -243,8 +248,26 @@ def test_attention_matches_naive_on_random_batches():
 def test_sliding_window_attention_matches_naive(window: int):
     """Prefills, chunks and decodes whose contexts are shorter and longer than the window."""
     torch.manual_seed(window)
-    batch = make_batch(ENGINE_SHAPES + [(1, 17), (3, 19)], (6, 2))
+    batch = make_batch([*ENGINE_SHAPES, (1, 17), (3, 19)], (6, 2))
     assert_matches_naive(run_attention(batch, window), batch.naive(window))
+
+
+def test_short_chunks_over_a_cached_context_attend_token_by_token_as_decodes():
+    """Speculative drafts being verified: each token of a chunk of up to MAX_DECODE_QUERY
+    tokens is a decode over the context up to itself; a longer chunk stays a prefill segment."""
+    torch.manual_seed(7)
+    batch = make_batch([(5, 21), (MAX_DECODE_QUERY, 40), (MAX_DECODE_QUERY + 1, 40)], (6, 2))
+    meta = AttentionMetadata.build(
+        batch.query_lens,
+        batch.seq_lens,
+        batch.block_tables,
+        batch.block_size,
+        batch.slot_mapping(),
+    )
+    assert meta.decode is not None
+    assert meta.decode.seq_lens.tolist() == [*range(17, 22), *range(25, 41)]
+    assert [segment.query_len for segment in meta.prefills] == [MAX_DECODE_QUERY + 1]
+    assert_matches_naive(run_attention(batch), batch.naive())
 
 
 def test_attention_stores_the_step_tokens_in_their_slots():

@@ -14,11 +14,17 @@ from tokenmill.config import EngineArgs, parse_dtype
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.engine.request import FinishReason, Request
-from tokenmill.engine.runner import ModelRunner, allocate_kv_caches, kv_bytes_per_token
-from tokenmill.engine.scheduler import Scheduler
+from tokenmill.engine.runner import (
+    ModelRunner,
+    RunnerOutput,
+    allocate_kv_caches,
+    kv_bytes_per_token,
+)
+from tokenmill.engine.scheduler import Scheduler, SchedulerOutput
 from tokenmill.kv.kv_manager import KVCacheManager
 from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.sampling.params import SamplingParams
+from tokenmill.spec.setup import build_proposer, load_draft, speculation_policy
 
 PromptInput = str | list[int] | Mapping[str, Any]
 
@@ -28,13 +34,16 @@ class LLMEngine:
         """`loaded` lets several engines (say, one per KV mode) share one loaded model."""
         self.args = args
         dtype = parse_dtype(args.dtype)
-        self.loaded = loaded or load_model(args.model, dtype)
+        self.loaded = loaded or load_model(args.model, dtype, args.quantization)
         self.tokenizer = self.loaded.tokenizer
         config = self.loaded.config
         self.max_model_len = min(
             args.max_model_len or config.max_position_embeddings, config.max_position_embeddings
         )
-        self.kv_bytes_per_token = kv_bytes_per_token(config, dtype)
+        draft = load_draft(args, self.loaded, dtype, self.max_model_len)
+        self.kv_bytes_per_token = kv_bytes_per_token(config, dtype) + (
+            0 if draft is None else draft.kv_bytes_per_token(dtype)
+        )
         self.num_blocks = int(args.kv_cache_memory) // (self.kv_bytes_per_token * args.block_size)
         self.max_seq_len = self.max_model_len
         kv_manager = None
@@ -63,8 +72,14 @@ class LLMEngine:
             max_num_batched_tokens=args.max_num_batched_tokens,
             enable_chunked_prefill=args.enable_chunked_prefill,
             static_batching=args.scheduler == "static",
+            speculation=speculation_policy(args),
         )
-        self.runner = ModelRunner(self.loaded.model, kv_caches, args.block_size)
+        self.runner = ModelRunner(
+            self.loaded.model,
+            kv_caches,
+            args.block_size,
+            proposer=build_proposer(args, draft, kv_caches, self.num_blocks),
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
 
     @property
@@ -104,17 +119,36 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         scheduled = self.scheduler.schedule()
         result = self.runner.execute(scheduled)
-        self.scheduler.update(scheduled, result.sampled)
+        self.scheduler.update(scheduled, result.sampled, result.proposed)
+        self._charge_speculation_time(scheduled, result)
+        self.output_processor.add_prompt_logprobs(result.prompt_logprobs)
         progressed = [
             s.request for s in scheduled.scheduled if s.request.request_id in result.sampled
         ]
         for request, stop in self.output_processor.update_text(progressed, result.logprobs):
             self.scheduler.finish_requests([request.request_id], FinishReason.STOP)
-            request.stop_reason = stop
+            # Also when a later token of the same step had already ended it another way.
+            request.finish_reason, request.stop_reason = FinishReason.STOP, stop
         for request in progressed:
             if request.is_finished:
                 self.runner.release(request.request_id)
         return self.output_processor.outputs(progressed)
+
+    def _charge_speculation_time(self, scheduled: SchedulerOutput, result: RunnerOutput) -> None:
+        """Each request that verified drafts pays the step's verify time, each that asked for
+        drafts the proposer's time; the engine-wide totals count each step once."""
+        verified = drafted = False
+        for item in scheduled.scheduled:
+            metrics = item.request.metrics.spec_decode
+            if item.spec_token_ids:
+                metrics.verify_time_s += result.verify_time_s
+                verified = True
+            if item.num_tokens_to_draft:
+                metrics.draft_time_s += result.draft_time_s
+                drafted = True
+        stats = self.scheduler.stats
+        stats.spec_verify_time_s += result.verify_time_s if verified else 0.0
+        stats.spec_draft_time_s += result.draft_time_s if drafted else 0.0
 
     def abort_request(self, request_id: str | list[str]) -> None:
         """Cancel requests (by the id given to add_request); their blocks are freed at once."""
@@ -166,8 +200,10 @@ class LLMEngine:
 
 
 def _child_params(params: SamplingParams, index: int) -> SamplingParams:
-    """Each of the n samples gets its own seed (seed + index), so seeded samples differ."""
+    """Each of the n samples gets its own seed (seed + index), so seeded samples differ. Only
+    the first scores the shared prompt; the others may then take it from the prefix cache."""
     if params.n == 1:
         return params
     seed = None if params.seed is None else params.seed + index
-    return dataclasses.replace(params, n=1, seed=seed)
+    prompt_logprobs = params.prompt_logprobs if index == 0 else None
+    return dataclasses.replace(params, n=1, seed=seed, prompt_logprobs=prompt_logprobs)

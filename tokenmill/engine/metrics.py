@@ -31,6 +31,9 @@ class EngineStats:
     num_preemptions: int = 0
     prefix_cache_queried_tokens: int = 0
     prefix_cache_hit_tokens: int = 0
+    spec_draft_tokens: int = 0  # drafts verified (speculative decoding)
+    spec_accepted_tokens: int = 0
+    spec_verify_steps: int = 0
 
     @classmethod
     def of(cls, engine: LLMEngine) -> EngineStats:
@@ -44,6 +47,9 @@ class EngineStats:
             num_preemptions=scheduler.stats.num_preemptions,
             prefix_cache_queried_tokens=scheduler.stats.num_prompt_tokens_queried,
             prefix_cache_hit_tokens=scheduler.stats.num_prompt_tokens_cached,
+            spec_draft_tokens=scheduler.stats.num_draft_tokens,
+            spec_accepted_tokens=scheduler.stats.num_accepted_tokens,
+            spec_verify_steps=scheduler.stats.num_verify_steps,
         )
 
 
@@ -89,6 +95,21 @@ class EngineStatsCollector(Collector):
             "tokenmill_prefix_cache_hit_rate",
             "Prefix-cache hits over queries, in tokens, since start",
             s.prefix_cache_hit_tokens / queried if queried else 0.0,
+        )
+        yield CounterMetricFamily(
+            "tokenmill_spec_decode_num_draft_tokens",
+            "Speculative drafts verified by the target",
+            s.spec_draft_tokens,
+        )
+        yield CounterMetricFamily(
+            "tokenmill_spec_decode_num_accepted_tokens",
+            "Speculative drafts accepted (acceptance rate = accepted / draft)",
+            s.spec_accepted_tokens,
+        )
+        yield CounterMetricFamily(
+            "tokenmill_spec_decode_num_verify_steps",
+            "Steps that verified drafts (mean accepted length = 1 + accepted / steps)",
+            s.spec_verify_steps,
         )
 
 

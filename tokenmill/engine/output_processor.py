@@ -51,6 +51,7 @@ class ParentState:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
     sequences: list[SequenceState] = field(default_factory=list)
 
     @property
@@ -67,6 +68,7 @@ class ParentState:
             finished=self.finished,
             num_cached_tokens=first.num_cached_tokens,
             metrics=first.metrics,
+            prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs),
         )
 
 
@@ -78,6 +80,8 @@ class OutputProcessor:
 
     def add(self, request_id: str, prompt: str | None, children: list[Request]) -> None:
         parent = ParentState(request_id, prompt, list(children[0].prompt_token_ids))
+        if children[0].params.prompt_logprobs is not None:
+            parent.prompt_logprobs = [None]
         for index, child in enumerate(children):
             seq = SequenceState(
                 request=child,
@@ -95,27 +99,45 @@ class OutputProcessor:
         parent = self._parents.get(request_id)
         return [] if parent is None else [seq.request.request_id for seq in parent.sequences]
 
+    def add_prompt_logprobs(self, prompt_logprobs: dict[str, list[TokenLogprobs]]) -> None:
+        """Append a step's prompt-token logprobs; they arrive chunk by chunk, in order."""
+        for request_id, entries in prompt_logprobs.items():
+            parent, _ = self._sequences[request_id]
+            if parent.prompt_logprobs is not None:
+                parent.prompt_logprobs += entries
+
     def update_text(
-        self, progressed: list[Request], logprobs: dict[str, TokenLogprobs]
+        self, progressed: list[Request], logprobs: dict[str, list[TokenLogprobs]]
     ) -> list[tuple[Request, str]]:
-        """Detokenize new tokens; returns (request, stop string) for each stop string found."""
+        """Detokenize new tokens; returns (request, stop string) for each stop string found.
+
+        A step may bring several tokens (accepted drafts). With stop strings they are added one
+        at a time, and the tokens after the one completing a stop string are dropped from the
+        request, so the output equals what one token per step would have given."""
         stops = []
         for request in progressed:
             _, seq = self._sequences[request.request_id]
             new_ids = request.output_token_ids[seq.num_processed_tokens :]
-            seq.num_processed_tokens = len(request.output_token_ids)
-            if request.request_id in logprobs and seq.logprobs is not None:
-                entry = logprobs[request.request_id]
-                seq.logprobs.append(entry)
-                seq.cumulative_logprob += entry.logprob
-            searched_from = len(seq.text)
-            seq.text += seq.detokenizer.add_tokens(new_ids)
-            if request.is_finished:
-                seq.text += seq.detokenizer.flush()
-            else:
+            one_by_one = bool(request.params.stop) and len(new_ids) > 1
+            groups = [[token] for token in new_ids] if one_by_one else [new_ids]
+            num_kept = len(new_ids)
+            for index, group in enumerate(groups):
+                searched_from = len(seq.text)
+                seq.text += seq.detokenizer.add_tokens(group)
+                if index == len(groups) - 1 and request.is_finished:
+                    seq.text += seq.detokenizer.flush()
+                    break
                 stop = self._find_stop(seq, searched_from)
                 if stop is not None:
+                    num_kept = index + 1 if one_by_one else len(new_ids)
+                    request.truncate_output(seq.num_processed_tokens + num_kept)
                     stops.append((request, stop))
+                    break
+            seq.num_processed_tokens = len(request.output_token_ids)
+            entries = logprobs.get(request.request_id, [])[:num_kept]
+            if seq.logprobs is not None:
+                seq.logprobs += entries
+                seq.cumulative_logprob += sum(entry.logprob for entry in entries)
         return stops
 
     def outputs(self, requests: list[Request]) -> list[RequestOutput]:

@@ -30,3 +30,6 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int
     metrics: RequestMetrics
+    # With SamplingParams.prompt_logprobs: one entry per prompt token, the first None (nothing
+    # predicts it); entry i scores prompt token i given the tokens before it.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None

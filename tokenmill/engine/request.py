@@ -22,6 +22,31 @@ class FinishReason(enum.StrEnum):
 
 
 @dataclass
+class SpecDecodeMetrics:
+    """How speculative decoding went for one request (all zero without speculation).
+
+    The times are the wall time of the draft and verify passes of the steps the request took
+    part in, so in a batch they are shared with the other requests of those steps."""
+
+    num_draft_tokens: int = 0  # drafts the target verified
+    num_accepted_tokens: int = 0  # drafts it accepted
+    num_verify_steps: int = 0  # steps that verified at least one draft
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verify step: the accepted drafts plus the target's own token."""
+        if not self.num_verify_steps:
+            return 0.0
+        return 1 + self.num_accepted_tokens / self.num_verify_steps
+
+
+@dataclass
 class RequestMetrics:
     """Wall-clock times (time.monotonic seconds) from which TTFT, TPOT and latency follow."""
 
@@ -30,6 +55,7 @@ class RequestMetrics:
     first_token_time: float | None = None
     finish_time: float | None = None
     num_preemptions: int = 0
+    spec_decode: SpecDecodeMetrics = field(default_factory=SpecDecodeMetrics)
 
 
 @dataclass(eq=False)
@@ -54,6 +80,8 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     block_hashes: list[int] = field(default_factory=list)  # of each full block, in order
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts proposed after the last step
+    num_speculative_tokens: int = 0  # how many to draft next; adapts to the acceptance
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.monotonic()))
 
     def __post_init__(self) -> None:
@@ -74,6 +102,12 @@ class Request:
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    def truncate_output(self, num_output_tokens: int) -> None:
+        """Drop the tokens after the first `num_output_tokens` (several tokens can arrive in one
+        step, and a stop string may end generation in the middle of them)."""
+        del self.all_token_ids[self.num_prompt_tokens + num_output_tokens :]
+        del self.output_token_ids[num_output_tokens:]
 
     def check_stop(self) -> bool:
         """After a token was appended: should generation end here? Sets the finish reason."""

@@ -2,11 +2,14 @@
 
 Each step it lays the scheduled tokens of all requests end to end (no padding), tells attention
 where their keys and values go, runs the model once, and samples a token for every request
-whose known tokens are now all computed.
+whose known tokens are now all computed. With speculative decoding, a request's chunk ends with
+its drafts; the rejection sampler then decides how many to keep, and the proposer drafts the
+next ones.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -15,13 +18,28 @@ from torch import nn
 from tokenmill.config import ModelConfig
 from tokenmill.engine.scheduler import ScheduledRequest, SchedulerOutput
 from tokenmill.model.attention import AttentionMetadata
-from tokenmill.sampling.sampler import Sampler, SamplingRow, TokenLogprobs, make_generator
+from tokenmill.sampling.sampler import (
+    Sampler,
+    SamplingRow,
+    TokenLogprobs,
+    make_generator,
+    token_logprobs,
+)
+from tokenmill.spec.proposer import Proposer
+from tokenmill.spec.rejection import DraftsToVerify, RejectionSampler
+
+PROMPT_LOGPROBS_ROWS = 256
+"""Prompt positions scored per lm_head call: bounds the [rows, vocab] logits of a long prompt."""
 
 
 @dataclass
 class RunnerOutput:
-    sampled: dict[str, int] = field(default_factory=dict)
-    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    sampled: dict[str, list[int]] = field(default_factory=dict)  # new tokens, in order
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # one per new token
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    proposed: dict[str, list[int]] = field(default_factory=dict)  # drafts for the next step
+    verify_time_s: float = 0.0  # the target's forward pass and sampling
+    draft_time_s: float = 0.0  # the proposer
 
 
 def allocate_kv_caches(
@@ -29,6 +47,11 @@ def allocate_kv_caches(
 ) -> list[torch.Tensor]:
     shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
     return [torch.zeros(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
+
+
+def slot_mapping(block_ids: list[int], block_size: int, start: int, stop: int) -> list[int]:
+    """The flat cache slots of positions [start, stop) of a sequence with these blocks."""
+    return [block_ids[p // block_size] * block_size + p % block_size for p in range(start, stop)]
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
@@ -43,13 +66,17 @@ class ModelRunner:
         model: nn.Module,
         kv_caches: list[torch.Tensor] | None,
         block_size: int,
+        proposer: Proposer | None = None,
     ) -> None:
         """`kv_caches=None` runs without a KV cache: the scheduler then sends whole sequences."""
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.sampler = Sampler()
+        self.rejection_sampler = RejectionSampler()
+        self.proposer = proposer
         self._generators: dict[str, torch.Generator | None] = {}
+        self._prompt_logprobs_done: dict[str, int] = {}  # prompt positions already scored
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         if not out.scheduled:
@@ -57,13 +84,15 @@ class ModelRunner:
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
+        start_time = time.perf_counter()
         for item in out.scheduled:
             start = item.num_computed_tokens
             stop = start + item.num_new_tokens
             input_ids += item.request.all_token_ids[start:stop]
+            input_ids += item.spec_token_ids
             positions += range(start, stop)
             if self.kv_caches is not None:
-                slots += self._slots(item.block_ids, start, stop)
+                slots += slot_mapping(item.block_ids, self.block_size, start, stop)
         meta = AttentionMetadata.build(
             query_lens=[s.num_new_tokens for s in out.scheduled],
             seq_lens=[s.num_computed_tokens + s.num_new_tokens for s in out.scheduled],
@@ -79,43 +108,125 @@ class ModelRunner:
                 self.kv_caches,
                 meta,
             )
-            if not sampling:
-                return RunnerOutput()
-            last_rows = self._last_token_rows(out.scheduled)
-            logits = self.model.compute_logits(hidden[last_rows])
-            result = self.sampler(logits, [self._sampling_row(s) for s in sampling])
-        output = RunnerOutput()
-        for item, token, logprobs in zip(sampling, result.token_ids, result.logprobs, strict=True):
-            output.sampled[item.request.request_id] = token
-            if logprobs is not None:
-                output.logprobs[item.request.request_id] = logprobs
+            output = RunnerOutput(prompt_logprobs=self._prompt_logprobs(out.scheduled, hidden))
+            if sampling:
+                logits = self.model.compute_logits(hidden[self._sampling_rows(out.scheduled)])
+                self._sample(sampling, logits, output)
+            output.verify_time_s = time.perf_counter() - start_time
+            if self.proposer is not None:
+                start_time = time.perf_counter()
+                output.proposed = self.proposer.propose(out.scheduled, output.sampled, hidden)
+                output.draft_time_s = time.perf_counter() - start_time
         return output
 
-    def release(self, request_id: str) -> None:
-        """Forget a finished request's random generator."""
-        self._generators.pop(request_id, None)
+    def _sample(
+        self, sampling: list[ScheduledRequest], logits: torch.Tensor, output: RunnerOutput
+    ) -> None:
+        """`logits` holds one row per sampling request, or k + 1 rows for one with k drafts."""
+        plain, plain_rows, speculative, speculative_rows = [], [], [], []
+        row = 0
+        for item in sampling:
+            num_rows = 1 + len(item.spec_token_ids)
+            if item.spec_token_ids:
+                speculative.append(item)
+                speculative_rows += range(row, row + num_rows)
+            else:
+                plain.append(item)
+                plain_rows.append(row)
+            row += num_rows
+        if plain:
+            self._sample_plain(plain, logits[plain_rows], output)
+        if speculative:
+            self._verify_drafts(speculative, logits[speculative_rows], output)
 
-    def _slots(self, block_ids: list[int], start: int, stop: int) -> list[int]:
-        size = self.block_size
-        return [block_ids[p // size] * size + p % size for p in range(start, stop)]
+    def _sample_plain(
+        self, items: list[ScheduledRequest], logits: torch.Tensor, output: RunnerOutput
+    ) -> None:
+        result = self.sampler(logits, [self._sampling_row(item) for item in items])
+        for item, token, logprobs in zip(items, result.token_ids, result.logprobs, strict=True):
+            output.sampled[item.request.request_id] = [token]
+            if logprobs is not None:
+                output.logprobs[item.request.request_id] = [logprobs]
+
+    def _verify_drafts(
+        self, items: list[ScheduledRequest], logits: torch.Tensor, output: RunnerOutput
+    ) -> None:
+        """`logits`: k + 1 rows per request, the target's view of its last token and drafts."""
+        batch = [DraftsToVerify(item.spec_token_ids, self._verify_rows(item)) for item in items]
+        row = 0
+        for item, tokens in zip(items, self.rejection_sampler(logits, batch), strict=True):
+            request = item.request
+            output.sampled[request.request_id] = tokens
+            if request.params.logprobs is not None:
+                num_top = [request.params.logprobs] * len(tokens)
+                output.logprobs[request.request_id] = token_logprobs(
+                    logits[row : row + len(tokens)], tokens, num_top
+                )
+            row += 1 + len(item.spec_token_ids)
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished request's random generator and prompt-logprob progress."""
+        self._generators.pop(request_id, None)
+        self._prompt_logprobs_done.pop(request_id, None)
+
+    def _prompt_logprobs(
+        self, scheduled: list[ScheduledRequest], hidden: torch.Tensor
+    ) -> dict[str, list[TokenLogprobs]]:
+        """Score the prompt tokens this step's chunks predict: position p's logits give prompt
+        token p + 1. Positions scored before a preemption (or by an earlier full recompute
+        without a KV cache) are not scored twice."""
+        result: dict[str, list[TokenLogprobs]] = {}
+        first_row = 0
+        for item in scheduled:
+            request, chunk_start = item.request, item.num_computed_tokens
+            rows_start, first_row = first_row, first_row + item.num_new_tokens
+            num_top = request.params.prompt_logprobs
+            if num_top is None:
+                continue
+            start = max(chunk_start, self._prompt_logprobs_done.get(request.request_id, 0))
+            stop = min(chunk_start + item.num_new_tokens, request.num_prompt_tokens - 1)
+            if start >= stop:
+                continue
+            entries: list[TokenLogprobs] = []
+            for lo in range(start, stop, PROMPT_LOGPROBS_ROWS):
+                hi = min(lo + PROMPT_LOGPROBS_ROWS, stop)
+                rows = hidden[rows_start + lo - chunk_start : rows_start + hi - chunk_start]
+                targets = request.prompt_token_ids[lo + 1 : hi + 1]
+                logits = self.model.compute_logits(rows)
+                entries += token_logprobs(logits, targets, [num_top] * len(targets))
+            self._prompt_logprobs_done[request.request_id] = stop
+            result[request.request_id] = entries
+        return result
 
     @staticmethod
-    def _last_token_rows(scheduled: list[ScheduledRequest]) -> torch.Tensor:
-        rows, end = [], 0
+    def _sampling_rows(scheduled: list[ScheduledRequest]) -> torch.Tensor:
+        """Rows of the flat batch whose logits are needed: each sampling request's last token
+        and its drafts."""
+        rows: list[int] = []
+        end = 0
         for item in scheduled:
             end += item.num_new_tokens
             if item.samples:
-                rows.append(end - 1)
+                rows += range(end - 1 - len(item.spec_token_ids), end)
         return torch.tensor(rows, dtype=torch.long)
 
-    def _sampling_row(self, item: ScheduledRequest) -> SamplingRow:
+    def _sampling_row(
+        self, item: ScheduledRequest, drafts_before: tuple[int, ...] = ()
+    ) -> SamplingRow:
+        """The row of the request's next token, or of the token after `drafts_before` (which
+        then count as output for penalties and min_tokens)."""
         request = item.request
         if request.request_id not in self._generators:
             self._generators[request.request_id] = make_generator(request.params.seed)
+        output = request.output_token_ids
         return SamplingRow(
             params=request.params,
             prompt_token_ids=request.prompt_token_ids,
-            output_token_ids=request.output_token_ids,
+            output_token_ids=[*output, *drafts_before] if drafts_before else output,
             generator=self._generators[request.request_id],
             eos_token_ids=request.eos_token_ids,
         )
+
+    def _verify_rows(self, item: ScheduledRequest) -> list[SamplingRow]:
+        drafts = item.spec_token_ids
+        return [self._sampling_row(item, drafts[:i]) for i in range(len(drafts) + 1)]

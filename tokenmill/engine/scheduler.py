@@ -5,6 +5,11 @@ waiting requests are admitted by (priority, arrival) while budget, sequence slot
 last. When a running request cannot get a block, the least important running request (highest
 priority value, then latest arrival) is preempted: its blocks are freed and it waits to be
 recomputed, which the prefix cache usually makes cheap. The scheduler never sees a tensor.
+
+With speculative decoding, a chunk that reaches a request's last token also carries the drafts
+proposed after the previous step; the runner verifies them, and `update` keeps the accepted
+ones and rolls the rest back. Slots for drafts are only taken when the pool has room for them:
+speculation never preempts anybody.
 """
 
 from __future__ import annotations
@@ -18,19 +23,23 @@ from dataclasses import dataclass, field
 from tokenmill.engine.request import FinishReason, Request, RequestStatus
 from tokenmill.kv.block_pool import KVBlock
 from tokenmill.kv.kv_manager import KVCacheManager
+from tokenmill.spec.policy import SpeculationPolicy
 
 
 @dataclass(frozen=True)
 class ScheduledRequest:
     request: Request
-    num_new_tokens: int
+    num_new_tokens: int  # positions computed this step, drafts included
     num_computed_tokens: int  # before this step
     block_ids: list[int]
+    spec_token_ids: tuple[int, ...] = ()  # drafts verified after the request's last token
+    num_tokens_to_draft: int = 0  # drafts to propose once this step's new tokens are known
 
     @property
     def samples(self) -> bool:
         """Whether this step reaches the end of the known tokens, so a new one is sampled."""
-        return self.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+        num_known = self.num_computed_tokens + self.num_new_tokens - len(self.spec_token_ids)
+        return num_known == self.request.num_tokens
 
 
 @dataclass
@@ -48,6 +57,11 @@ class SchedulerStats:
     num_preemptions: int = 0
     num_prompt_tokens_cached: int = 0
     num_prompt_tokens_queried: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_verify_steps: int = 0
+    spec_draft_time_s: float = 0.0  # proposer time, charged by the engine
+    spec_verify_time_s: float = 0.0  # time of the steps that verified drafts
 
 
 class Scheduler:
@@ -58,9 +72,11 @@ class Scheduler:
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool = True,
         static_batching: bool = False,
+        speculation: SpeculationPolicy | None = None,
     ) -> None:
         """`kv_manager=None` means no KV cache: every step recomputes each whole sequence."""
         self.kv = kv_manager
+        self.speculation = speculation
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
@@ -74,10 +90,17 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
 
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for admission, preempted ones included."""
+        return len(self._waiting)
+
     def add_request(self, request: Request) -> None:
         if request.request_id in self._requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         request.arrival_order = next(self._arrivals)
+        if self.speculation is not None:
+            request.num_speculative_tokens = self.speculation.num_speculative_tokens
         self._requests[request.request_id] = request
         self._push_waiting(request)
 
@@ -86,39 +109,82 @@ class Scheduler:
         if self.static_batching and not self.running:
             self._admit_static_batch()
         budget = self.max_num_batched_tokens
+        # The batch this step will run: the running requests and those about to be admitted.
+        batch_size = min(len(self._requests), self.max_num_seqs)
+        speculate = self.speculation is not None and self.speculation.enabled_for(batch_size)
         for request in list(self.running):
             if request not in self.running:  # preempted earlier in this loop
                 continue
             num_new = self._tokens_to_compute(request, budget)
             if num_new == 0:
                 continue
-            if not self._allocate_or_preempt(request, num_new, out):
+            plan = self._plan_speculation(request, num_new, budget, speculate)
+            extra = self._extra_slots(plan)
+            if extra and not self.kv.allocate_slots(request, num_new + extra):
+                plan, extra = _NO_SPECULATION, 0
+            if not extra and not self._allocate_or_preempt(request, num_new, out):
                 continue
-            budget -= num_new
-            out.scheduled.append(self._scheduled(request, num_new))
+            budget -= num_new + len(plan.drafts)
+            out.scheduled.append(self._scheduled(request, num_new, plan))
         if not out.preempted and not self.static_batching:
-            self._admit_waiting(budget, out)
+            self._admit_waiting(budget, out, speculate)
         return out
 
-    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
-        """Record the step's progress and new tokens; returns the requests that finished."""
+    def update(
+        self,
+        out: SchedulerOutput,
+        sampled: dict[str, list[int]],
+        proposed: dict[str, list[int]] | None = None,
+    ) -> list[Request]:
+        """Record the step's progress and new tokens (several when drafts were accepted), and
+        the drafts proposed for the next step; returns the requests that finished."""
         finished = []
         now = time.monotonic()
         for item in out.scheduled:
             request = item.request
+            tokens = sampled.get(request.request_id, [])
+            num_rejected = len(item.spec_token_ids) - max(len(tokens) - 1, 0)
             request.num_computed_tokens = (
-                0 if self.kv is None else item.num_computed_tokens + item.num_new_tokens
+                0
+                if self.kv is None
+                else item.num_computed_tokens + item.num_new_tokens - num_rejected
             )
-            token = sampled.get(request.request_id)
-            if token is None:
+            if not tokens:
                 continue
+            if item.spec_token_ids:
+                self._record_verification(request, len(item.spec_token_ids), len(tokens) - 1)
+            request.spec_token_ids = (proposed or {}).get(request.request_id, [])
             if request.metrics.first_token_time is None:
                 request.metrics.first_token_time = now
-            request.append_token(token)
-            if request.check_stop():
+            if self._append_until_stop(request, tokens):
                 self._finish(request, now)
                 finished.append(request)
+            elif self.kv is not None and (item.spec_token_ids or item.num_tokens_to_draft):
+                self.kv.trim(request, request.num_tokens)  # roll back rejected drafts' slots
         return finished
+
+    @staticmethod
+    def _append_until_stop(request: Request, tokens: list[int]) -> bool:
+        """Append in order, checking the stop conditions after each token as plain decoding
+        would; tokens after a stop are dropped. Returns whether the request finished."""
+        for token in tokens:
+            request.append_token(token)
+            if request.check_stop():
+                return True
+        return False
+
+    def _record_verification(self, request: Request, num_drafted: int, num_accepted: int) -> None:
+        assert self.speculation is not None
+        metrics = request.metrics.spec_decode
+        metrics.num_draft_tokens += num_drafted
+        metrics.num_accepted_tokens += num_accepted
+        metrics.num_verify_steps += 1
+        self.stats.num_draft_tokens += num_drafted
+        self.stats.num_accepted_tokens += num_accepted
+        self.stats.num_verify_steps += 1
+        request.num_speculative_tokens = self.speculation.next_num_to_draft(
+            request.num_speculative_tokens, num_drafted, num_accepted
+        )
 
     def finish_requests(self, request_ids: Iterable[str], reason: FinishReason) -> None:
         """End requests from outside (a stop string matched, or the caller aborted)."""
@@ -169,19 +235,46 @@ class Scheduler:
         out.preempted.append(request)
         self._push_waiting(request)
 
-    def _admit_waiting(self, budget: int, out: SchedulerOutput) -> None:
+    def _admit_waiting(self, budget: int, out: SchedulerOutput, speculate: bool) -> None:
         while self._waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self._waiting[0][2]
             cached = self._take_cached_prefix(request)
             num_new = self._tokens_to_compute(request, budget)
+            plan = self._plan_speculation(request, num_new, budget, speculate)
+            extra = self._extra_slots(plan)
+            if extra and not self.kv.allocate_slots(request, num_new + extra, cached):
+                plan, extra = _NO_SPECULATION, 0
             if num_new == 0 or (
-                self.kv is not None and not self.kv.allocate_slots(request, num_new, cached)
+                not extra
+                and self.kv is not None
+                and not self.kv.allocate_slots(request, num_new, cached)
             ):
                 request.num_computed_tokens = 0
                 break
             self._start(request)
-            budget -= num_new
-            out.scheduled.append(self._scheduled(request, num_new))
+            budget -= num_new + len(plan.drafts)
+            out.scheduled.append(self._scheduled(request, num_new, plan))
+
+    def _plan_speculation(
+        self, request: Request, num_new: int, budget: int, speculate: bool
+    ) -> _SpeculationPlan:
+        """Drafts to verify with a chunk that reaches the request's last token, cut to the
+        budget, the context length and max_tokens, and how many to draft after it."""
+        if not speculate or request.num_computed_tokens + num_new != request.num_tokens:
+            return _NO_SPECULATION
+        room = min(budget - num_new, request.max_model_len - request.num_tokens - 1)
+        if request.params.max_tokens is not None:
+            room = min(room, request.params.max_tokens - len(request.output_token_ids) - 1)
+        drafts = tuple(request.spec_token_ids[: max(room, 0)])
+        room_after = request.max_model_len - request.num_tokens - len(drafts)
+        return _SpeculationPlan(drafts, max(min(request.num_speculative_tokens, room_after), 0))
+
+    def _extra_slots(self, plan: _SpeculationPlan) -> int:
+        """KV slots a plan needs beyond its chunk: its drafts and the drafter's lookahead.
+        The caller takes them only if the pool has them without preempting anyone."""
+        if self.speculation is None or self.kv is None:
+            return 0
+        return len(plan.drafts) + self.speculation.lookahead_slots(plan.num_to_draft)
 
     def _admit_static_batch(self) -> None:
         """Seal the next static batch: up to max_num_seqs requests join at once and nobody else
@@ -195,8 +288,9 @@ class Scheduler:
             self._start(request)
 
     def _take_cached_prefix(self, request: Request) -> list[KVBlock]:
-        """The cached leading blocks a waiting request can reuse; counts them as computed."""
-        if self.kv is None:
+        """The cached leading blocks a waiting request can reuse; counts them as computed.
+        None for a request that wants prompt logprobs: each prompt position must be computed."""
+        if self.kv is None or request.params.prompt_logprobs is not None:
             return []
         cached = self.kv.find_cached_prefix(request)
         request.num_computed_tokens = len(cached) * self.kv.block_size
@@ -212,10 +306,28 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
 
-    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+    def _scheduled(
+        self, request: Request, num_new: int, plan: _SpeculationPlan
+    ) -> ScheduledRequest:
         block_ids = self.kv.block_ids(request.request_id) if self.kv is not None else []
-        return ScheduledRequest(request, num_new, request.num_computed_tokens, block_ids)
+        return ScheduledRequest(
+            request,
+            num_new + len(plan.drafts),
+            request.num_computed_tokens,
+            block_ids,
+            plan.drafts,
+            plan.num_to_draft,
+        )
 
     def _push_waiting(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
         heapq.heappush(self._waiting, (request.priority, request.arrival_order, request))
+
+
+@dataclass(frozen=True)
+class _SpeculationPlan:
+    drafts: tuple[int, ...]
+    num_to_draft: int
+
+
+_NO_SPECULATION = _SpeculationPlan((), 0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
@@ -225,6 +226,218 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+# Quantized weights (tokenmill/quant builds them). Along K a row is cut into blocks of 32 inputs
+# (zero-padded), and each row has one scale per group of `group_size` inputs, group_size a
+# multiple of 32 (the last group may be short):
+#   int8: qweight int8 [N, ceil(K / 32) * 32], w = scale * q; one group per row is per-channel.
+#   int4: qweight uint8 [N, ceil(K / 64) * 32], w = scale * q + min, q in 0..15; each 64 inputs
+#         take 32 bytes, input i in the low nibble of byte i, input 32 + i in its high nibble.
+# scales (and mins) are [N, ceil(K / group_size)], float16 or float32.
+#
+# For up to QUANT_KERNEL_MAX_ROWS rows, native rounds x per block of 32 to integers (int8,
+# scale max|x| / 127, for int4 weights, as llama.cpp does; int16, max|x| / 32767, for int8
+# weights) and multiplies in integers; the references round x the same way before an fp32
+# product with the dequantized weight, so both backends compute one function
+# (tests/kernels/test_quant_linear.py bounds the difference, and the rounding's own error).
+# Wider x is multiplied in fp32 by the dequantized weight on both.
+
+# Above this many rows of x, expanding the weight to fp32 once and running torch's GEMM beats
+# the integer kernel, which re-reads the weights for every few rows (docs/quantization.md).
+QUANT_KERNEL_MAX_ROWS = 16
+QUANT_BLOCK = 32
+# Weights expanded to fp32 at a time for a wide product: 8 MB, cache-resident until used.
+DEQUANTIZE_TILE_WEIGHTS = 1 << 21
+INT8_WEIGHT_ACTIVATION_BITS = 16
+INT4_WEIGHT_ACTIVATION_BITS = 8
+
+
+def int8_linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`F.linear(x, w, bias)` for the int8 weight w = (qweight, scales); x: [..., K]."""
+    if _NATIVE is None or not _quantized_fits(x, bias):
+        return int8_linear_reference(x, qweight, scales, group_size, bias)
+    if x.dim() == 2 and x.shape[0] <= QUANT_KERNEL_MAX_ROWS:  # decode: skip the reshapes
+        return _NATIVE.int8_linear(x, qweight, scales, group_size, bias)
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.shape[0] > QUANT_KERNEL_MAX_ROWS:
+        return _tiled_dequantized_linear(
+            flat, x.shape, (qweight, scales), _NATIVE.dequantize_int8, group_size, bias
+        )
+    out = _NATIVE.int8_linear(flat, qweight, scales, group_size, bias)
+    return out.view(*x.shape[:-1], qweight.shape[0])
+
+
+def int8_linear_reference(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    weight = dequantize_int8_reference(qweight, scales, group_size, x.shape[-1])
+    x = kernel_activations(x, INT8_WEIGHT_ACTIVATION_BITS)
+    return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+
+def int4_linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`F.linear(x, w, bias)` for the int4 weight w = (qweight, scales, mins); x: [..., K]."""
+    if _NATIVE is None or not _quantized_fits(x, bias):
+        return int4_linear_reference(x, qweight, scales, mins, group_size, bias)
+    if x.dim() == 2 and x.shape[0] <= QUANT_KERNEL_MAX_ROWS:  # decode: skip the reshapes
+        return _NATIVE.int4_linear(x, qweight, scales, mins, group_size, bias)
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.shape[0] > QUANT_KERNEL_MAX_ROWS:
+        return _tiled_dequantized_linear(
+            flat, x.shape, (qweight, scales, mins), _NATIVE.dequantize_int4, group_size, bias
+        )
+    out = _NATIVE.int4_linear(flat, qweight, scales, mins, group_size, bias)
+    return out.view(*x.shape[:-1], qweight.shape[0])
+
+
+def int4_linear_reference(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    weight = dequantize_int4_reference(qweight, scales, mins, group_size, x.shape[-1])
+    x = kernel_activations(x, INT4_WEIGHT_ACTIVATION_BITS)
+    return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+
+def _tiled_dequantized_linear(
+    flat: torch.Tensor,
+    shape: torch.Size,
+    packed: tuple[torch.Tensor, ...],
+    dequantize: Callable[..., torch.Tensor],
+    group_size: int,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """torch's GEMM on the weight expanded to fp32 a tile of output rows at a time: each tile
+    (a few MB) is still in cache when the GEMM reads it, so DRAM sees only the packed bytes."""
+    rows, k = packed[0].shape[0], flat.shape[1]
+    tile = max(1, DEQUANTIZE_TILE_WEIGHTS // k)
+    if rows <= tile:
+        return F.linear(flat, dequantize(*packed, group_size, k), bias).view(*shape[:-1], rows)
+    out = torch.empty(flat.shape[0], rows, dtype=flat.dtype)
+    for start in range(0, rows, tile):
+        part = slice(start, start + tile)
+        weight = dequantize(*(t[part] for t in packed), group_size, k)
+        out[:, part] = F.linear(flat, weight, None if bias is None else bias[part])
+    return out.view(*shape[:-1], rows)
+
+
+def dequantize_int8(
+    qweight: torch.Tensor, scales: torch.Tensor, group_size: int, in_features: int
+) -> torch.Tensor:
+    """The fp32 weight [N, in_features] an int8 (qweight, scales) pair stands for."""
+    if _NATIVE is None:
+        return dequantize_int8_reference(qweight, scales, group_size, in_features)
+    return _NATIVE.dequantize_int8(qweight, scales, group_size, in_features)
+
+
+def dequantize_int8_reference(
+    qweight: torch.Tensor, scales: torch.Tensor, group_size: int, in_features: int
+) -> torch.Tensor:
+    values = qweight[:, :in_features].float()
+    return values * _per_input(scales, group_size, in_features)
+
+
+def dequantize_int4(
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    group_size: int,
+    in_features: int,
+) -> torch.Tensor:
+    """The fp32 weight [N, in_features] an int4 (qweight, scales, mins) triple stands for."""
+    if _NATIVE is None:
+        return dequantize_int4_reference(qweight, scales, mins, group_size, in_features)
+    return _NATIVE.dequantize_int4(qweight, scales, mins, group_size, in_features)
+
+
+def dequantize_int4_reference(
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    group_size: int,
+    in_features: int,
+) -> torch.Tensor:
+    values = unpack_int4(qweight, in_features).float()
+    return values * _per_input(scales, group_size, in_features) + _per_input(
+        mins, group_size, in_features
+    )
+
+
+def unpack_int4(qweight: torch.Tensor, in_features: int) -> torch.Tensor:
+    """uint8 values 0..15 [N, in_features] from the packed int4 layout."""
+    units = qweight.view(qweight.shape[0], -1, 1, QUANT_BLOCK)
+    nibbles = torch.cat((units & 0x0F, units >> 4), dim=2)  # [N, units, 2, 32]
+    return nibbles.view(qweight.shape[0], -1)[:, :in_features]
+
+
+def _per_input(group_values: torch.Tensor, group_size: int, in_features: int) -> torch.Tensor:
+    """[N, groups] -> [N, in_features] fp32: each group's value repeated over its inputs."""
+    return group_values.float().repeat_interleave(group_size, dim=1)[:, :in_features]
+
+
+def kernel_activations(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """x as the quantized products see it: rounded through `bits`-bit blocks of 32 when it has
+    at most QUANT_KERNEL_MAX_ROWS rows, unchanged when wider."""
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.shape[0] > QUANT_KERNEL_MAX_ROWS:
+        return x
+    values, scales, _ = quantize_activations_reference(flat, bits)
+    blocks = values.view(flat.shape[0], -1, QUANT_BLOCK).float() * scales[..., None]
+    return blocks.view(flat.shape[0], -1)[:, : x.shape[-1]].view(x.shape).to(x.dtype)
+
+
+def quantize_activations_reference(
+    x: torch.Tensor, bits: int = 8
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the native quantized kernels make of fp32 x [M, K] before multiplying: int8 or
+    int16 values [M, blocks * 32] (zero-padded), per-block scales max|x| / (2**(bits-1) - 1)
+    [M, blocks] and scale * sum(values)."""
+    rows, k = x.shape
+    blocks = -(-k // QUANT_BLOCK)
+    padded = F.pad(x.float(), (0, blocks * QUANT_BLOCK - k)).view(rows, blocks, QUANT_BLOCK)
+    max_abs = padded.abs().amax(dim=-1)
+    # Tensor / tensor: `127.0 / t` would be computed as 127 * (1 / t), rounding twice.
+    limit = torch.full_like(max_abs, 2 ** (bits - 1) - 1)
+    inverse = torch.where(max_abs > 0, limit / max_abs, torch.zeros_like(max_abs))
+    dtype = torch.int8 if bits == 8 else torch.int16
+    values = torch.round(padded * inverse[..., None]).to(dtype)
+    scales = max_abs / limit
+    sums = scales * values.sum(dim=-1, dtype=torch.int32).float()
+    return values.view(rows, -1), scales, sums
+
+
+def _quantized_fits(x: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """`_native_friendly` for (x, bias), spelled out: it runs for every quantized product."""
+    return (
+        x.dtype == torch.float32
+        and x.is_cpu
+        and x.dim() >= 1
+        and x.shape[-1] > 0
+        and not (x.requires_grad and torch.is_grad_enabled())
+        and (bias is None or bias.dtype == torch.float32)
+    )
 
 
 def _native_friendly(tensors: tuple[torch.Tensor, ...]) -> bool:

@@ -76,13 +76,16 @@ class BlockPool:
 
     def release(self, blocks: Iterable[KVBlock]) -> None:
         """Drop one reference per block; callers pass a table tail-first, so when memory runs
-        short the ends of sequences are evicted before the prefixes other requests share."""
+        short the ends of sequences are evicted before the prefixes other requests share.
+        A block with nothing cached goes to the front: reusing it evicts nobody's prefix."""
         for block in blocks:
             if block.ref_count <= 0:
                 raise RuntimeError(f"block {block.block_id} released more often than taken")
             block.ref_count -= 1
             if block.ref_count == 0:
                 self._free[block.block_id] = block
+                if block.block_hash is None:
+                    self._free.move_to_end(block.block_id, last=False)
 
     def cache(self, block: KVBlock, block_hash: BlockHash, token_ids: Sequence[int]) -> None:
         """Publish a full block's contents; the first block cached under a hash keeps it."""

@@ -67,6 +67,17 @@ class KVCacheManager:
         self._publish_full_blocks(request, table, num_after)
         return True
 
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Give back the blocks past the first `num_tokens` slots (never below a contiguous
+        reservation): after speculative decoding rejects drafts, their slots hold stale KV."""
+        table = self._tables.get(request.request_id)
+        if table is None:
+            return
+        keep = -(-max(num_tokens, self.reserve_tokens or 0) // self.block_size)
+        if keep < len(table):
+            self.pool.release(reversed(table[keep:]))
+            del table[keep:]
+
     def free(self, request: Request) -> None:
         table = self._tables.pop(request.request_id, [])
         self._num_published.pop(request.request_id, None)

@@ -7,13 +7,13 @@ those rows are put back here.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
 from tokenmill.config import ModelConfig
 from tokenmill.loader.errors import ModelLoadError
-from tokenmill.loader.gguf_file import GGUFFile
+from tokenmill.loader.gguf_file import GGUFFile, TensorInfo
 
 # GGUF general.architecture -> Hugging Face architecture name.
 GGUF_ARCHITECTURES = {
@@ -108,21 +108,44 @@ def _gemma3_fields(gguf: GGUFFile) -> dict[str, object]:
     }
 
 
+# Reads one GGUF tensor (given its Hugging Face name) as one or more named tensors.
+TensorReader = Callable[[str, TensorInfo], dict[str, torch.Tensor]]
+
+
 def gguf_weights(
-    gguf: GGUFFile, config: ModelConfig, dtype: torch.dtype
+    gguf: GGUFFile, config: ModelConfig, dtype: torch.dtype, read: TensorReader | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Hugging Face-named tensors of the file, each dequantized to `dtype` unless `read` makes
+    something else of it (quantization="gguf" keeps blocks this way, as packed tensors whose
+    rows are the weight's rows, so the row fixes below apply to them unchanged)."""
     arch = gguf.architecture
     unpermute = arch in _PERMUTED_QK
-    for name, tensor in gguf.tensors(dtype):
-        hf_name = hf_tensor_name(name, arch)
-        if arch == "gemma3" and name.endswith("norm.weight"):
-            # llama.cpp's converter stores Gemma's 1 + w; checkpoints and HF store w.
-            tensor = tensor - 1
-        elif unpermute and ".q_proj." in hf_name:
-            tensor = unpermute_rotary_rows(tensor, config.num_attention_heads)
-        elif unpermute and ".k_proj." in hf_name:
-            tensor = unpermute_rotary_rows(tensor, config.num_key_value_heads)
-        yield hf_name, tensor
+    for info in gguf.tensor_infos:
+        hf_name = hf_tensor_name(info.name, arch)
+        if read is None:
+            tensors = {hf_name: gguf.dequantize(info).to(dtype)}
+        else:
+            tensors = read(hf_name, info)
+        for name, tensor in tensors.items():
+            yield name, _fix_rows(tensor, name, info.name, arch, unpermute, config)
+
+
+def _fix_rows(
+    tensor: torch.Tensor,
+    hf_name: str,
+    gguf_name: str,
+    arch: str,
+    unpermute: bool,
+    config: ModelConfig,
+) -> torch.Tensor:
+    if arch == "gemma3" and gguf_name.endswith("norm.weight"):
+        # llama.cpp's converter stores Gemma's 1 + w; checkpoints and HF store w.
+        return tensor - 1
+    if unpermute and ".q_proj." in hf_name:
+        return unpermute_rotary_rows(tensor, config.num_attention_heads)
+    if unpermute and ".k_proj." in hf_name:
+        return unpermute_rotary_rows(tensor, config.num_key_value_heads)
+    return tensor
 
 
 def hf_tensor_name(gguf_name: str, architecture: str = "llama") -> str:

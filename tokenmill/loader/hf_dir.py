@@ -104,7 +104,9 @@ def hf_weights(model_dir: Path, dtype: torch.dtype) -> Iterator[tuple[str, torch
         try:
             with safe_open(shard, framework="pt") as handle:
                 for name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
-                    yield name, handle.get_tensor(name).to(dtype)
+                    tensor = handle.get_tensor(name)
+                    # Packed integer weights of a quantized checkpoint keep their dtype.
+                    yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
         except (SafetensorError, OSError) as exc:
             raise ModelLoadError(f"{shard}: not a readable safetensors file: {exc}") from exc
 

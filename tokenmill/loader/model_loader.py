@@ -15,6 +15,9 @@ from tokenmill.loader.hf_dir import hf_model_config, hf_weights
 from tokenmill.loader.resolve import resolve_model
 from tokenmill.loader.tokenizer import Tokenizer
 from tokenmill.model.registry import build_model
+from tokenmill.quant.checkpoint import saved_quantization
+from tokenmill.quant.method import QuantMethod, WeightSource
+from tokenmill.quant.registry import load_model_weights
 
 
 @dataclass
@@ -25,12 +28,20 @@ class LoadedModel:
     tokenizer: Tokenizer
 
 
-def load_model(model: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
+def load_model(
+    model: str,
+    dtype: torch.dtype = torch.float32,
+    quantization: str | QuantMethod = "none",
+) -> LoadedModel:
+    """`quantization` names a method of tokenmill.quant.registry (or is one, configured); a
+    checkpoint `tokenmill quantize` wrote loads as it was saved."""
     path = resolve_model(model)
+    gguf, saved = None, None
     if path.is_dir():
         config = hf_model_config(path)
         tokenizer = Tokenizer.from_pretrained_dir(path)
         weights = hf_weights(path, dtype)
+        saved = saved_quantization(path)
     else:
         gguf = GGUFFile(path)
         config = gguf_model_config(gguf)
@@ -39,5 +50,6 @@ def load_model(model: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
     with torch.device("meta"):
         module = build_model(config)
     module = module.to_empty(device="cpu").to(dtype)
-    module.load_weights(weights)
+    source = WeightSource(config, dtype, weights, gguf, saved, tokenizer)
+    load_model_weights(module, quantization, source)
     return LoadedModel(path, config, module.eval(), tokenizer)

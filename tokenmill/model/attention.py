@@ -33,13 +33,20 @@ class PrefillSegment:
         return self.query_end - self.query_start
 
 
+MAX_DECODE_QUERY = 16
+"""A chunk of up to this many tokens over a cached context (speculative drafts being verified)
+attends token by token through the paged decode path: each token is a decode whose context
+ends at itself, which is the causal mask for free, and decodes' own kernel and numerics."""
+
+
 @dataclass(frozen=True)
 class DecodeGroup:
-    """Sequences with exactly one new token each, attended together in one batched product."""
+    """Tokens that each attend to their sequence's cached context, in one batched product:
+    the new token of a decode, or every token of a short chunk."""
 
-    token_index: torch.Tensor  # [B] positions of their tokens in the flat batch
-    block_tables: torch.Tensor  # [B, max_blocks]
-    seq_lens: torch.Tensor  # [B] context length of each, this step's token included
+    token_index: torch.Tensor  # [B] positions of the tokens in the flat batch
+    block_tables: torch.Tensor  # [B, max_blocks] their sequences' tables
+    seq_lens: torch.Tensor  # [B] context length of each, the token itself included
 
 
 @dataclass(frozen=True)
@@ -65,10 +72,12 @@ class AttentionMetadata:
         for n in query_lens:
             starts.append(starts[-1] + n)
         prefills: list[PrefillSegment] = []
-        decode_rows: list[int] = []
+        decode_rows: list[tuple[int, int, int]] = []  # (token, its context length, sequence)
         for i, (q_len, s_len) in enumerate(zip(query_lens, seq_lens, strict=True)):
-            if block_tables is not None and q_len == 1:
-                decode_rows.append(i)
+            cached = s_len - q_len
+            short_over_cache = cached > 0 and q_len <= MAX_DECODE_QUERY
+            if block_tables is not None and (q_len == 1 or short_over_cache):
+                decode_rows += [(starts[i] + j, cached + j + 1, i) for j in range(q_len)]
                 continue
             table = None
             if block_tables is not None and s_len > q_len:
@@ -78,25 +87,23 @@ class AttentionMetadata:
         decode = None
         if decode_rows:
             assert block_tables is not None
-            decode = _decode_group(decode_rows, starts, seq_lens, block_tables, block_size)
+            decode = _decode_group(decode_rows, block_tables, block_size)
         slots = None if slot_mapping is None else torch.tensor(slot_mapping, dtype=torch.long)
         return cls(starts[-1], slots, tuple(prefills), decode)
 
 
 def _decode_group(
-    rows: list[int],
-    starts: list[int],
-    seq_lens: Sequence[int],
+    rows: list[tuple[int, int, int]],
     block_tables: Sequence[Sequence[int]],
     block_size: int,
 ) -> DecodeGroup:
-    max_blocks = max(-(-seq_lens[i] // block_size) for i in rows)
+    max_blocks = max(-(-seq_len // block_size) for _, seq_len, _ in rows)
     table = torch.zeros(len(rows), max_blocks, dtype=torch.long)
-    for r, i in enumerate(rows):
+    for r, (_, _, i) in enumerate(rows):
         used = block_tables[i][:max_blocks]
         table[r, : len(used)] = torch.tensor(used, dtype=torch.long)
-    lens = torch.tensor([seq_lens[i] for i in rows], dtype=torch.long)
-    index = torch.tensor([starts[i] for i in rows], dtype=torch.long)
+    lens = torch.tensor([seq_len for _, seq_len, _ in rows], dtype=torch.long)
+    index = torch.tensor([token for token, _, _ in rows], dtype=torch.long)
     return DecodeGroup(index, table, lens)
 
 

@@ -118,7 +118,8 @@ class Gemma3ForCausalLM(nn.Module):
         self.tie_weights()
 
     def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings:
+        # A quantized head (a QuantLinear put in at load time) keeps its own packed copy.
+        if self.config.tie_word_embeddings and isinstance(self.lm_head, Linear):
             self.lm_head.weight = self.embed_tokens.weight
 
     def forward(

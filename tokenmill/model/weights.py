@@ -26,11 +26,7 @@ def load_hf_weights(
         name = name.removeprefix("model.")
         if name.endswith("rotary_emb.inv_freq"):
             continue
-        target, rows = name, None
-        for part, (merged, start, stop) in packed.items():
-            if f".{part}." in name:
-                target, rows = name.replace(part, merged), slice(start, stop)
-                break
+        target, rows = checkpoint_target(config, name)
         if target not in params:
             raise ValueError(f"checkpoint tensor {name!r} has no place in {type(model).__name__}")
         param = params[target]
@@ -45,9 +41,21 @@ def load_hf_weights(
     if config.tie_word_embeddings:
         loaded.add("lm_head.weight")
     expected = _expected_names(params, packed)
-    missing = sorted(expected - loaded)
+    # A merged parameter loaded whole (tokenmill's own quantized checkpoints) has all its rows.
+    missing = sorted(name for name in expected - loaded if name.partition("[")[0] not in loaded)
     if missing:
         raise ValueError(f"checkpoint is missing tensors: {', '.join(missing[:8])}")
+
+
+def checkpoint_target(config: ModelConfig, name: str) -> tuple[str, slice | None]:
+    """The parameter a Hugging Face-named tensor loads into, and its rows when that parameter
+    merges several checkpoint matrices (`model.layers.0.self_attn.k_proj.weight` ->
+    `layers.0.self_attn.qkv_proj.weight`, rows q_size .. q_size + kv_size)."""
+    name = name.removeprefix("model.")
+    for part, (merged, start, stop) in _packed_slices(config).items():
+        if f".{part}." in name:
+            return name.replace(part, merged), slice(start, stop)
+    return name, None
 
 
 def _packed_slices(config: ModelConfig) -> dict[str, tuple[str, int, int]]:

@@ -76,13 +76,18 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
         """Pick one token per row of float32 `logits [len(rows), vocab]` (left unmodified)."""
-        processed = _apply_penalties(_mask_before_min_tokens(logits, rows), rows)
+        processed = adjust_logits(logits, rows)
         token_ids = processed.argmax(dim=-1)
         random_rows = [i for i, row in enumerate(rows) if not row.params.greedy]
         if random_rows:
             token_ids[random_rows] = _sample(processed[random_rows], [rows[i] for i in random_rows])
         ids = token_ids.tolist()
         return SamplerOutput(token_ids=ids, logprobs=_token_logprobs(logits, ids, rows))
+
+
+def adjust_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """The logits a greedy row takes the argmax of: min_tokens masking, then penalties."""
+    return _apply_penalties(_mask_before_min_tokens(logits, rows), rows)
 
 
 def _mask_before_min_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
@@ -134,6 +139,13 @@ def _apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch
 
 def _sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """Temperature, truncation, then one exponential-race draw per row (none greedy)."""
+    probs = sampling_probs(logits, rows)
+    return (probs / _exponential_noise(probs.shape, rows, probs.device)).argmax(dim=-1)
+
+
+def sampling_probs(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """The distribution a non-greedy row draws from, given its adjusted logits: temperature,
+    then top-k, top-p and min-p truncation, then softmax."""
     params = [row.params for row in rows]
     vocab_size, device = logits.shape[-1], logits.device
     logits = apply_temperature(logits, _per_row([p.temperature for p in params], device))
@@ -147,8 +159,7 @@ def _sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
         )
     if any(p.min_p > 0.0 for p in params):
         logits = apply_min_p(logits, _per_row([p.min_p for p in params], device))
-    probs = logits.softmax(dim=-1)
-    return (probs / _exponential_noise(probs.shape, rows, device)).argmax(dim=-1)
+    return logits.softmax(dim=-1)
 
 
 def _exponential_noise(
@@ -171,22 +182,37 @@ def _token_logprobs(
     result: list[TokenLogprobs | None] = [None] * len(rows)
     if not idx:
         return result
-    logprobs = logits[idx].log_softmax(dim=-1)
-    sampled = torch.tensor([token_ids[i] for i in idx], device=logits.device).unsqueeze(1)
-    sampled_logprobs = logprobs.gather(1, sampled)
-    ranks = ((logprobs > sampled_logprobs).sum(dim=-1) + 1).tolist()
-    chosen = sampled_logprobs.squeeze(1).tolist()
-    most = max(rows[i].params.logprobs or 0 for i in idx)
-    top_values, top_ids = (t.tolist() for t in logprobs.topk(most, dim=-1))
-    for j, i in enumerate(idx):
-        n = rows[i].params.logprobs or 0
-        result[i] = TokenLogprobs(
-            token_id=token_ids[i],
+    entries = token_logprobs(
+        logits[idx], [token_ids[i] for i in idx], [rows[i].params.logprobs or 0 for i in idx]
+    )
+    for i, entry in zip(idx, entries, strict=True):
+        result[i] = entry
+    return result
+
+
+def token_logprobs(
+    logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequence[int]
+) -> list[TokenLogprobs]:
+    """Logprob and rank of `token_ids[i]` under row i of raw `logits`, with its top `num_top[i]`.
+
+    Shared by sampled tokens and prompt tokens (where row i is the logits that predicted
+    prompt token i + 1), so both report the same numbers for the same distribution.
+    """
+    logprobs = logits.log_softmax(dim=-1)
+    chosen_ids = torch.tensor(token_ids, device=logits.device).unsqueeze(1)
+    chosen_logprobs = logprobs.gather(1, chosen_ids)
+    ranks = ((logprobs > chosen_logprobs).sum(dim=-1) + 1).tolist()
+    chosen = chosen_logprobs.squeeze(1).tolist()
+    top_values, top_ids = (t.tolist() for t in logprobs.topk(max(num_top), dim=-1))
+    return [
+        TokenLogprobs(
+            token_id=token_ids[j],
             logprob=chosen[j],
             rank=ranks[j],
             top=list(zip(top_ids[j][:n], top_values[j][:n], strict=True)),
         )
-    return result
+        for j, n in enumerate(num_top)
+    ]
 
 
 def _per_row(values: list[float], device: torch.device) -> torch.Tensor:

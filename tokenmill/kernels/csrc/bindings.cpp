@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include <optional>
+#include <tuple>
 
 namespace tokenmill {
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight,
@@ -15,6 +16,17 @@ at::Tensor add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& re
 void rotary_embedding(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,
                       const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor silu_and_mul(const at::Tensor& x);
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                       int64_t group_size, const std::optional<at::Tensor>& bias);
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                       const at::Tensor& mins, int64_t group_size,
+                       const std::optional<at::Tensor>& bias);
+at::Tensor dequantize_int8(const at::Tensor& qweight, const at::Tensor& scales,
+                           int64_t group_size, int64_t in_features);
+at::Tensor dequantize_int4(const at::Tensor& qweight, const at::Tensor& scales,
+                           const at::Tensor& mins, int64_t group_size, int64_t in_features);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x,
+                                                                    int64_t bits);
 }  // namespace tokenmill
 
 // The GIL is released while a kernel runs, as torch's own operators do, so other Python
@@ -37,4 +49,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("silu_and_mul", &tokenmill::silu_and_mul, "silu(x[..., :F]) * x[..., F:]", py::arg("x"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("int8_linear", &tokenmill::int8_linear,
+        "y = x W^T + b, W int8 with a scale per row and group of inputs", py::arg("x"),
+        py::arg("qweight"), py::arg("scales"), py::arg("group_size"), py::arg("bias"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("int4_linear", &tokenmill::int4_linear,
+        "y = x W^T + b, W int4 with a scale and min per row and group of inputs", py::arg("x"),
+        py::arg("qweight"), py::arg("scales"), py::arg("mins"), py::arg("group_size"),
+        py::arg("bias"), py::call_guard<py::gil_scoped_release>());
+  m.def("dequantize_int8", &tokenmill::dequantize_int8, "int8 weight to float32 [N, K]",
+        py::arg("qweight"), py::arg("scales"), py::arg("group_size"), py::arg("in_features"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("dequantize_int4", &tokenmill::dequantize_int4, "int4 weight to float32 [N, K]",
+        py::arg("qweight"), py::arg("scales"), py::arg("mins"), py::arg("group_size"),
+        py::arg("in_features"), py::call_guard<py::gil_scoped_release>());
+  m.def("quantize_activations", &tokenmill::quantize_activations,
+        "float32 rows to int8/int16 blocks of 32: (values, scales, scale * sum of values)",
+        py::arg("x"), py::arg("bits"), py::call_guard<py::gil_scoped_release>());
 }

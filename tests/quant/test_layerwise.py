@@ -1,0 +1,41 @@
+"""Layer-at-a-time calibration runs sees exactly what the whole model computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenmill.model.attention import AttentionMetadata
+from tokenmill.quant import layerwise
+from tokenmill.quant.layerwise import LAYER_LINEARS, LayerInputs
+
+
+def test_layer_by_layer_matches_the_full_forward_pass(smollm, monkeypatch):
+    monkeypatch.setattr(layerwise, "CHUNK_TOKENS", 40)  # several chunks of two sequences
+    samples = torch.randint(100, 40000, (5, 20), generator=torch.Generator().manual_seed(0))
+    inputs = LayerInputs(smollm.model, samples)
+    for layer in smollm.model.layers:
+        inputs.advance(layer)
+    meta = AttentionMetadata.build([20] * 5, [20] * 5, None, 16, None)
+    with torch.inference_mode():
+        expected = smollm.model(samples.reshape(-1), torch.arange(20).repeat(5), None, meta)
+    torch.testing.assert_close(inputs.final_hidden(smollm.model.norm), expected)
+
+
+def test_observers_see_every_row_and_run_leaves_the_inputs(smollm):
+    samples = torch.randint(100, 40000, (3, 16), generator=torch.Generator().manual_seed(1))
+    inputs = LayerInputs(smollm.model, samples)
+    layer = smollm.model.layers[0]
+    seen: dict[str, list[torch.Tensor]] = {name: [] for name in LAYER_LINEARS}
+    before = inputs.hidden.clone()
+    inputs.run(layer, {name: seen[name].append for name in LAYER_LINEARS})
+    assert torch.equal(inputs.hidden, before) and inputs.residual is None
+    for name in LAYER_LINEARS:
+        rows = torch.cat(seen[name])
+        assert rows.shape == (48, layer.get_submodule(name).in_features)
+    assert not layer.self_attn.qkv_proj._forward_pre_hooks  # hooks are removed afterwards
+
+
+def test_samples_must_be_a_matrix_of_token_ids(smollm):
+    with pytest.raises(ValueError, match="samples must be"):
+        LayerInputs(smollm.model, torch.tensor([1, 2, 3]))

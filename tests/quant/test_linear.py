@@ -1,0 +1,44 @@
+"""The swap that installs quantized linears, and rebuilding one from its recorded format."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tokenmill.model.layers import Linear
+from tokenmill.quant.int4 import Int4Linear
+from tokenmill.quant.linear import empty_quant_linear, quant_linear_formats, replace_linears
+
+
+class TwoLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 64)
+        self.proj = Linear(64, 32, bias=True)
+        self.head = Linear(64, 10, bias=False)
+        self.head.weight = self.embed.weight  # tied, as SmolLM2's head is
+
+
+def test_replacing_linears_leaves_other_modules_and_tied_weights_alone() -> None:
+    model = TwoLayers()
+    embedding = model.embed.weight
+    replace_linears(model, lambda name, lin: Int4Linear.from_float(lin.weight, lin.bias, 32))
+    assert isinstance(model.proj, Int4Linear) and isinstance(model.head, Int4Linear)
+    assert model.embed.weight is embedding
+    assert quant_linear_formats(model) == {
+        "proj": {"kind": "int4", "group_size": 32},
+        "head": {"kind": "int4", "group_size": 32},
+    }
+
+
+def test_a_recorded_format_rebuilds_an_empty_layer_of_the_same_shape() -> None:
+    layer = empty_quant_linear({"kind": "int4", "group_size": 64}, Linear(100, 7, bias=True))
+    assert isinstance(layer, Int4Linear) and layer.group_size == 64
+    assert layer.qweight.shape == (7, 64) and layer.bias is not None
+    assert torch.count_nonzero(layer.qweight) == 0
+
+
+def test_unknown_layer_kinds_are_refused() -> None:
+    with pytest.raises(ValueError, match="kind 'int2' is unknown"):
+        empty_quant_linear({"kind": "int2"}, Linear(8, 8, bias=False))

@@ -1,0 +1,100 @@
+"""Each quantization method through the load-time hook, on the real SmolLM2, and bad options."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from tokenmill.config import EngineArgs
+from tokenmill.engine.engine import LLMEngine
+from tokenmill.kernels import ops
+from tokenmill.loader.model_loader import LoadedModel
+from tokenmill.model.attention import AttentionMetadata
+from tokenmill.quant.linear import QuantLinear
+from tokenmill.quant.registry import check_quantization, quant_method
+from tokenmill.sampling.params import SamplingParams
+
+METHODS = ["int8", "int4", "gguf"]
+# Mean KL(fp32 || quantized) of next-token distributions over a short text. int8's is the
+# issue's target; the "fp32" model is the Q4_1 file dequantized, which int4 in groups of 32 and
+# gguf reproduce almost exactly, so theirs is mostly the int8 rounding of activations.
+KL_BOUNDS = {"int8": 0.01, "int4": 0.02, "gguf": 0.01}
+GREEDY_PROMPTS = [
+    "The capital of France is",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+]
+
+
+def next_token_logits(loaded: LoadedModel, ids: list[int]) -> torch.Tensor:
+    meta = AttentionMetadata.build([len(ids)], [len(ids)], None, 16, None)
+    with torch.inference_mode():
+        hidden = loaded.model(torch.tensor(ids), torch.arange(len(ids)), None, meta)
+        return loaded.model.compute_logits(hidden)
+
+
+def greedy_tokens(loaded: LoadedModel, prompt: str, max_tokens: int) -> list[int]:
+    engine = LLMEngine(EngineArgs(kv_cache_memory="32MiB"), loaded=loaded)
+    engine.add_request("r", prompt, SamplingParams(temperature=0, max_tokens=max_tokens))
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+    return outputs[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_quantized_model_answers_paris(quantized_smollm, method: str) -> None:
+    loaded = quantized_smollm(method)
+    assert any(isinstance(m, QuantLinear) for m in loaded.model.modules())
+    ids = loaded.tokenizer.encode("The capital of France is")
+    assert loaded.tokenizer.decode([int(next_token_logits(loaded, ids)[-1].argmax())]) == " Paris"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_next_token_distributions_stay_close_to_fp32(
+    smollm, quantized_smollm, long_text: str, method: str
+) -> None:
+    ids = smollm.tokenizer.encode(long_text)
+    width = ops.QUANT_KERNEL_MAX_ROWS  # windows this short run on the decode kernels
+    kls = []
+    for start in range(0, 4 * width, width):
+        window = ids[start : start + width]
+        reference = F.log_softmax(next_token_logits(smollm, window), dim=-1)
+        quantized = F.log_softmax(next_token_logits(quantized_smollm(method), window), dim=-1)
+        kls.append((reference.exp() * (reference - quantized)).sum(dim=-1).mean().item())
+    assert sum(kls) / len(kls) < KL_BOUNDS[method]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_native_and_torch_kernels_give_the_same_greedy_tokens(
+    quantized_smollm, monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    loaded = quantized_smollm(method)
+    native = [greedy_tokens(loaded, prompt, 8) for prompt in GREEDY_PROMPTS]
+    monkeypatch.setattr(ops, "_NATIVE", None)  # what a missing extension leaves
+    assert [greedy_tokens(loaded, prompt, 8) for prompt in GREEDY_PROMPTS] == native
+
+
+def test_quantized_linears_are_smaller(smollm, quantized_smollm) -> None:
+    def linear_bytes(loaded: LoadedModel) -> int:
+        return sum(p.nbytes for n, p in loaded.model.named_parameters() if "proj" in n)
+
+    fp32 = linear_bytes(smollm)
+    assert linear_bytes(quantized_smollm("int8")) < 0.26 * fp32
+    assert linear_bytes(quantized_smollm("int4")) < 0.16 * fp32
+
+
+@pytest.mark.parametrize("name", ["int3", "", "INT8", None])
+def test_unknown_methods_are_refused_naming_the_field(name: object) -> None:
+    with pytest.raises(ValueError, match="quantization must be one of none, int8, int4, gguf"):
+        check_quantization(name)
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        EngineArgs(quantization=name)  # type: ignore[arg-type]
+
+
+def test_bad_method_options_are_refused() -> None:
+    with pytest.raises(ValueError, match="group_size"):
+        quant_method("int4", group_size=48)
+    with pytest.raises(ValueError, match="bits must be 4"):
+        quant_method("int4", bits=8)
+    with pytest.raises(ValueError, match="'gguf' takes no option group_size"):
+        quant_method("gguf", group_size=32)

@@ -1,0 +1,156 @@
+"""Speculative decoding wired into the engine, on the real SmolLM2 model: every method leaves
+greedy output unchanged; rejected drafts leave no stale KV; n > 1, seeds, prefix caching,
+preemption, stop conditions and logprobs behave as in plain decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenmill.config import EngineArgs
+from tokenmill.engine.runner import kv_bytes_per_token
+from tokenmill.sampling.params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24)
+METHODS = {
+    "ngram": {"speculative_method": "ngram"},
+    "early-exit": {"speculative_method": "draft", "draft_model": "self:layers=24"},
+}
+
+
+@pytest.fixture(scope="module")
+def prompts(runner, rewrite_prompt) -> list:
+    return [
+        rewrite_prompt,
+        runner.chat("Name three rivers in Europe."),
+        "def fibonacci(n):",
+        [1, 2, 3, 1, 2, 3, 1, 2],
+    ]
+
+
+@pytest.fixture(scope="module")
+def expected(runner, prompts) -> list[list[int]]:
+    return runner.tokens(prompts, GREEDY)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_greedy_tokens_equal_plain_decoding(runner, prompts, expected, method):
+    assert runner.tokens(prompts, GREEDY, **METHODS[method]) == expected
+
+
+def test_target_as_its_own_draft_model_accepts_nearly_everything(runner, prompts, expected):
+    """A separate draft model with its own paged KV; being the target itself, any stale or
+    misplaced draft KV would show up as rejections."""
+    engine = runner.engine(speculative_method="draft", draft_model=str(runner.loaded.path))
+    outputs = runner.run(engine, prompts[:2], GREEDY)
+    assert [out.outputs[0].token_ids for out in outputs] == expected[:2]
+    stats = engine.scheduler.stats
+    assert stats.num_accepted_tokens >= 0.95 * stats.num_draft_tokens > 0
+
+
+def test_kv_pool_also_holds_the_draft_models_kv(runner):
+    plain = runner.engine()
+    own_kv = runner.engine(speculative_method="draft", draft_model=str(runner.loaded.path))
+    shared_kv = runner.engine(speculative_method="draft", draft_model="self:layers=8")
+    assert own_kv.kv_bytes_per_token == 2 * plain.kv_bytes_per_token
+    assert shared_kv.kv_bytes_per_token == plain.kv_bytes_per_token
+    assert own_kv.num_blocks == plain.num_blocks // 2
+
+
+def test_after_rejections_the_cached_kv_continues_like_a_fresh_run(runner, prompts):
+    """An early exit from layer 8 drafts badly, so most drafts are rejected and rolled back.
+    A follow-up request then reuses the blocks the speculative run left in the prefix cache;
+    its continuation must equal a fresh engine's."""
+    engine = runner.engine(speculative_method="draft", draft_model="self:layers=8")
+    (first,) = runner.run(engine, [prompts[1]], GREEDY)
+    spec = first.metrics.spec_decode
+    assert spec.num_draft_tokens > spec.num_accepted_tokens
+    follow_up = [*first.prompt_token_ids, *first.outputs[0].token_ids]
+    (again,) = runner.run(engine, [follow_up], GREEDY)
+    assert again.num_cached_tokens >= len(follow_up) - 16
+    assert again.outputs[0].token_ids == runner.tokens([follow_up], GREEDY)[0]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_preempted_requests_resume_with_identical_tokens(runner, prompts, expected, method):
+    # Ten blocks: too few for every request at once, enough for the longest alone.
+    memory = 10 * 16 * kv_bytes_per_token(runner.loaded.config, torch.float32)
+    engine = runner.engine(kv_cache_memory=memory, **METHODS[method])
+    outputs = runner.run(engine, prompts, GREEDY)
+    assert [out.outputs[0].token_ids for out in outputs] == expected
+    assert engine.scheduler.stats.num_preemptions > 0
+
+
+def test_seeded_samples_equal_plain_decoding_with_the_same_seed(runner, rewrite_prompt):
+    """Drafts are checked against the token plain decoding would draw with the same random
+    numbers, so a seeded request's samples do not depend on speculation."""
+    params = SamplingParams(temperature=0.8, max_tokens=24, seed=5, n=2)
+    plain = runner.run(runner.engine(), [rewrite_prompt], params)[0]
+    spec = runner.run(runner.engine(speculative_method="ngram"), [rewrite_prompt], params)[0]
+    samples = [seq.token_ids for seq in spec.outputs]
+    assert samples == [seq.token_ids for seq in plain.outputs]
+    assert samples[0] != samples[1]
+    assert spec.metrics.spec_decode.num_accepted_tokens > 0
+
+
+def test_stop_string_and_max_tokens_cut_the_output_as_plain_decoding_does(runner, rewrite_prompt):
+    for params in (
+        SamplingParams(temperature=0, max_tokens=30, stop=["Oxford"]),
+        SamplingParams(
+            temperature=0, max_tokens=30, stop=["Oxford"], include_stop_str_in_output=True
+        ),
+        SamplingParams(temperature=0, max_tokens=7),
+    ):
+        plain = runner.run(runner.engine(), [rewrite_prompt], params)[0].outputs[0]
+        spec = runner.run(runner.engine(speculative_method="ngram"), [rewrite_prompt], params)
+        got = spec[0].outputs[0]
+        assert (got.text, got.token_ids, got.finish_reason, got.stop_reason) == (
+            plain.text,
+            plain.token_ids,
+            plain.finish_reason,
+            plain.stop_reason,
+        )
+
+
+def test_logprobs_are_reported_for_every_accepted_token(runner, rewrite_prompt):
+    params = SamplingParams(temperature=0, max_tokens=16, logprobs=2)
+    plain = runner.run(runner.engine(), [rewrite_prompt], params)[0].outputs[0]
+    spec = runner.run(runner.engine(speculative_method="ngram"), [rewrite_prompt], params)
+    got = spec[0].outputs[0]
+    assert [e.token_id for e in got.logprobs] == got.token_ids == plain.token_ids
+    for mine, theirs in zip(got.logprobs, plain.logprobs, strict=True):
+        assert mine.rank == theirs.rank == 1
+        assert mine.logprob == pytest.approx(theirs.logprob, abs=1e-3)
+
+
+def test_speculation_switches_off_above_the_batch_size(runner, prompts):
+    engine = runner.engine(speculative_method="ngram", speculative_disable_batch_size=2)
+    runner.run(engine, prompts[:3], SamplingParams(temperature=0, max_tokens=8))
+    off = engine.scheduler.stats.num_verify_steps
+    runner.run(engine, prompts[:1], SamplingParams(temperature=0, max_tokens=8))
+    assert off == 0 < engine.scheduler.stats.num_verify_steps
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"speculative_method": "medusa"}, "speculative_method must be one of"),
+        ({"speculative_method": "draft"}, "needs draft_model"),
+        ({"draft_model": "self:layers=4"}, "needs speculative_method='draft'"),
+        ({"speculative_method": "ngram", "draft_model": "x"}, "needs speculative_method"),
+        ({"speculative_method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"speculative_method": "ngram", "kv_cache": "none"}, "needs a KV cache"),
+        (
+            {"speculative_method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2},
+            "prompt_lookup_min",
+        ),
+    ],
+)
+def test_bad_speculation_settings_name_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(**kwargs)
+
+
+def test_bad_draft_models_are_refused_at_construction(runner):
+    with pytest.raises(ValueError, match="1 <= N < 30"):
+        runner.engine(speculative_method="draft", draft_model="self:layers=30")

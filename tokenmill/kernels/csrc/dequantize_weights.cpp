@@ -1,0 +1,100 @@
+// int8 / int4 block weights (the formats of quant_linear.cpp) back to fp32 [N, K].
+//
+// For wide x (prefill, big batches) torch's blocked GEMM beats streaming the quantized weights
+// once per chunk of rows, so the weight is expanded to fp32 first; this does it in one parallel
+// pass instead of the several full-size temporaries the torch reference makes.
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+#include "quant.h"
+
+namespace tokenmill {
+namespace {
+
+// Writes the first `valid` of 32 values (scale * q[v] + offset) to out.
+inline void store_block(const __m256i (&q32)[4], float scale, float offset, float* out,
+                        int64_t valid) {
+  alignas(32) float block[kQuantBlock];
+  float* dst = valid >= kQuantBlock ? out : block;
+  const __m256 d = _mm256_set1_ps(scale), m = _mm256_set1_ps(offset);
+  for (int c = 0; c < 4; ++c)
+    _mm256_storeu_ps(dst + 8 * c, _mm256_fmadd_ps(_mm256_cvtepi32_ps(q32[c]), d, m));
+  if (dst == block) std::copy_n(block, valid, out);
+}
+
+// The 32 values of block b of a packed row, one per byte (unsigned for int4).
+template <bool Int4>
+inline __m256i block_values(const uint8_t* row, int64_t b) {
+  if constexpr (Int4) {
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b / 2 * 32));
+    const __m256i nibbles = b % 2 ? _mm256_srli_epi16(packed, 4) : packed;
+    return _mm256_and_si256(nibbles, _mm256_set1_epi8(0x0F));
+  } else {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * kQuantBlock));
+  }
+}
+
+template <typename Scale, bool Int4>
+void dequantize_rows(const uint8_t* values, int64_t row_bytes, const Scale* scales,
+                     const Scale* mins, float* out, int64_t n, int64_t k, int64_t groups,
+                     int64_t blocks_per_group) {
+  const int64_t blocks = (k + kQuantBlock - 1) / kQuantBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < n; ++row) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t g = b / blocks_per_group;
+      const __m256i q = block_values<Int4>(values + row * row_bytes, b);
+      const __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+      __m256i q32[4];
+      for (int c = 0; c < 4; ++c) {
+        const __m128i eight = c % 2 ? _mm_srli_si128(halves[c / 2], 8) : halves[c / 2];
+        q32[c] = Int4 ? _mm256_cvtepu8_epi32(eight) : _mm256_cvtepi8_epi32(eight);
+      }
+      const float offset = Int4 ? to_float(mins[row * groups + g]) : 0.0f;
+      store_block(q32, to_float(scales[row * groups + g]), offset, out + row * k + b * kQuantBlock,
+                  k - b * kQuantBlock);
+    }
+  }
+}
+
+template <bool Int4>
+at::Tensor dequantize(const char* op, const at::Tensor& qweight, const at::Tensor& scales,
+                      const std::optional<at::Tensor>& mins, int64_t group_size, int64_t k) {
+  TORCH_CHECK(k > 0, op, ": in_features must be > 0");
+  const int64_t row_bytes = packed_row_bytes(k, Int4);
+  std::vector<at::Tensor> per_group{scales};
+  if (mins.has_value()) per_group.push_back(*mins);
+  check_packed_weight(op, qweight, Int4 ? at::kByte : at::kChar, row_bytes, per_group, k,
+                      group_size);
+  const int64_t n = qweight.size(0);
+  at::Tensor out = at::empty({n, k}, scales.options().dtype(at::kFloat));
+  with_scale_type(scales, [&](auto scale_type) {
+    using Scale = std::remove_const_t<std::remove_pointer_t<decltype(scale_type)>>;
+    dequantize_rows<Scale, Int4>(static_cast<const uint8_t*>(qweight.data_ptr()), row_bytes,
+                                 scales.data_ptr<Scale>(),
+                                 Int4 ? mins->data_ptr<Scale>() : nullptr, out.data_ptr<float>(),
+                                 n, k, scales.size(1), group_size / kQuantBlock);
+    return 0;
+  });
+  return out;
+}
+
+}  // namespace
+
+at::Tensor dequantize_int8(const at::Tensor& qweight, const at::Tensor& scales,
+                           int64_t group_size, int64_t in_features) {
+  return dequantize<false>("dequantize_int8", qweight, scales, std::nullopt, group_size,
+                           in_features);
+}
+
+at::Tensor dequantize_int4(const at::Tensor& qweight, const at::Tensor& scales,
+                           const at::Tensor& mins, int64_t group_size, int64_t in_features) {
+  return dequantize<true>("dequantize_int4", qweight, scales, mins, group_size, in_features);
+}
+
+}  // namespace tokenmill

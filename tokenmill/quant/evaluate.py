@@ -1,0 +1,200 @@
+"""`tokenmill eval`: what each quantization costs in quality and buys in bytes and speed.
+
+Quality is measured on the held-out split of the built-in text (`calibration.py`), which no
+calibrating method has seen: the quantized model's perplexity, and, position by position
+against the unquantized model, KL(P_ref || P_quant) of the next-token distributions and how
+often both put the same token first. Speed is the throughput benchmark's own measurement
+(tokenmill/bench/throughput.py) on its `single` and `batch64` workloads.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from tokenmill.config import EngineArgs
+from tokenmill.loader.model_loader import LoadedModel, load_model
+from tokenmill.loader.resolve import resolve_model
+from tokenmill.model.attention import AttentionMetadata
+from tokenmill.quant.calibration import split_text, text_fingerprint, token_windows
+from tokenmill.quant.registry import quantization_choices
+
+DEFAULT_EVAL_SAMPLES = 32
+DEFAULT_EVAL_SEQ_LEN = 256
+WINDOWS_PER_PASS = 4  # held-out windows per forward pass, bounding the logits' memory
+SPEED_WORKLOADS = ("single", "batch64")
+
+
+@dataclass(frozen=True)
+class Quality:
+    perplexity: float
+    kl_divergence: float  # nats, mean over positions
+    top1_agreement: float  # fraction of positions where both models rank the same token first
+
+
+@dataclass
+class EvalRow:
+    name: str  # the quantization method, or a checkpoint's path
+    load_s: float  # loading, calibration included
+    quality: Quality
+    weight_bytes: int
+    kv_bytes_per_token: int
+    tokens_per_s: dict[str, float] = field(default_factory=dict)  # workload -> output tok/s
+
+
+@dataclass
+class EvalReport:
+    model: str
+    heldout_fingerprint: str
+    eval_windows: int
+    eval_seq_len: int
+    rows: list[EvalRow]
+    python: str = field(default_factory=platform.python_version)
+    torch_threads: int = field(default_factory=torch.get_num_threads)
+
+    def table(self) -> str:
+        """One line per method, columns a person compares at a glance."""
+        base = self.rows[0].quality.perplexity if self.rows else float("nan")
+        header = (
+            f"{'method':<14} {'load s':>7} {'ppl':>8} {'Δppl':>7} {'KL':>8} {'top-1':>6} "
+            f"{'weights MiB':>11} {'KV B/tok':>8}"
+            + "".join(f" {w + ' tok/s':>14}" for w in SPEED_WORKLOADS)
+        )
+        lines = [header, "-" * len(header)]
+        for row in self.rows:
+            q = row.quality
+            speeds = "".join(
+                f" {row.tokens_per_s[w]:>14.1f}" if w in row.tokens_per_s else f" {'-':>14}"
+                for w in SPEED_WORKLOADS
+            )
+            lines.append(
+                f"{row.name:<14} {row.load_s:>7.1f} {q.perplexity:>8.3f} "
+                f"{q.perplexity / base - 1:>+7.1%} {q.kl_divergence:>8.4f} "
+                f"{q.top1_agreement:>6.1%} {row.weight_bytes / 2**20:>11.1f} "
+                f"{row.kv_bytes_per_token:>8}" + speeds
+            )
+        return "\n".join(lines)
+
+    def write_json(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2), encoding="utf-8")
+
+
+def window_log_probs(model: nn.Module, windows: torch.Tensor) -> torch.Tensor:
+    """Next-token log-probabilities `[num_windows, seq_len, vocab]`, each window its own
+    sequence from position 0, in one forward pass without a KV cache."""
+    count, seq_len = windows.shape
+    meta = AttentionMetadata.build([seq_len] * count, [seq_len] * count, None, 16, None)
+    with torch.inference_mode():
+        hidden = model(windows.reshape(-1), torch.arange(seq_len).repeat(count), None, meta)
+        logits = model.compute_logits(hidden).float()
+    return F.log_softmax(logits, dim=-1).view(count, seq_len, -1)
+
+
+def measure_quality(reference: nn.Module, model: nn.Module, windows: torch.Tensor) -> Quality:
+    """`model`'s perplexity on `windows` [n, seq_len], and its next-token distributions
+    against `reference`'s at every position."""
+    nll = kl = agree = 0.0
+    for part in windows.split(WINDOWS_PER_PASS):
+        ref = window_log_probs(reference, part)
+        ours = ref if model is reference else window_log_probs(model, part)
+        nll -= ours[:, :-1].gather(-1, part[:, 1:, None]).sum().item()
+        kl += (ref.exp() * (ref - ours)).sum().item()
+        agree += (ref.argmax(-1) == ours.argmax(-1)).sum().item()
+    positions = windows.numel()
+    return Quality(
+        perplexity=float(torch.tensor(nll / (positions - windows.shape[0])).exp()),
+        kl_divergence=kl / positions,
+        top1_agreement=agree / positions,
+    )
+
+
+def model_weight_bytes(model: nn.Module) -> int:
+    """Bytes of every parameter and buffer, a tensor shared by two modules counted once."""
+    tensors = {t.data_ptr(): t for t in (*model.parameters(), *model.buffers())}
+    return sum(t.nbytes for t in tensors.values())
+
+
+def default_methods(model: str) -> list[str]:
+    """Every method that applies to `model`: `gguf` keeps a GGUF file's own blocks, so it
+    needs one."""
+    is_gguf = resolve_model(model).is_file()
+    return [m for m in quantization_choices() if m != "gguf" or is_gguf]
+
+
+def evaluate(
+    model: str,
+    methods: list[str],
+    checkpoints: list[str],
+    eval_samples: int = DEFAULT_EVAL_SAMPLES,
+    eval_seq_len: int = DEFAULT_EVAL_SEQ_LEN,
+    speed_workloads: tuple[str, ...] = SPEED_WORKLOADS,
+    engine_options: dict[str, Any] | None = None,
+    on_row: Callable[[EvalRow], None] | None = None,
+) -> EvalReport:
+    """A row for `model` unquantized (the baseline), then one per quantization method of it
+    and one per saved checkpoint, every one measured against the baseline."""
+    options = engine_options or {}
+    start = time.monotonic()
+    reference = load_model(model)
+    windows = token_windows(reference.tokenizer, "heldout", eval_samples, eval_seq_len)
+    baseline = EngineArgs(model=model, **options)
+    load_s = time.monotonic() - start
+    rows = [_measure("none", reference, load_s, baseline, reference, windows, speed_workloads)]
+    candidates = [(m, model, m) for m in methods if m != "none"]
+    candidates += [(path, path, "none") for path in checkpoints]
+    for name, path, quantization in candidates:
+        if on_row is not None:
+            on_row(rows[-1])
+        start = time.monotonic()
+        loaded = load_model(path, torch.float32, quantization)
+        load_s = time.monotonic() - start
+        args = EngineArgs(model=path, quantization=quantization, **options)
+        rows.append(_measure(name, loaded, load_s, args, reference, windows, speed_workloads))
+        del loaded
+        gc.collect()
+    if on_row is not None:
+        on_row(rows[-1])
+    return EvalReport(
+        model=model,
+        heldout_fingerprint=text_fingerprint(split_text("heldout")),
+        eval_windows=eval_samples,
+        eval_seq_len=eval_seq_len,
+        rows=rows,
+    )
+
+
+def _measure(
+    name: str,
+    loaded: LoadedModel,
+    load_s: float,
+    args: EngineArgs,
+    reference: LoadedModel,
+    windows: torch.Tensor,
+    speed_workloads: tuple[str, ...],
+) -> EvalRow:
+    from tokenmill.bench.throughput import run_throughput
+    from tokenmill.bench.workloads import load_workload
+    from tokenmill.engine.engine import LLMEngine
+
+    row = EvalRow(
+        name=name,
+        load_s=load_s,
+        quality=measure_quality(reference.model, loaded.model, windows),
+        weight_bytes=model_weight_bytes(loaded.model),
+        kv_bytes_per_token=LLMEngine(args, loaded=loaded).kv_bytes_per_token,
+    )
+    for workload in speed_workloads:  # a fresh engine each: nothing cached from the last run
+        engine = LLMEngine(args, loaded=loaded)
+        result = run_throughput(engine, load_workload(workload), workload, use_tqdm=False)
+        row.tokens_per_s[workload] = result.output_tokens_per_s
+    return row

@@ -1,0 +1,93 @@
+"""What a quantization method is to the loader: something that fills a freshly built model from
+its weights and leaves the linears it quantizes as QuantLinears.
+
+Most methods start from the float weights: the model loads them, then each float `Linear` is
+replaced by its quantized form (the old fp32 weight is freed with it). Methods that need the
+whole model first (calibration) override `load`; formats read straight from the file (GGUF
+blocks, a saved checkpoint) install empty QuantLinears before loading into them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from tokenmill.config import ModelConfig
+from tokenmill.loader.gguf_file import GGUFFile
+from tokenmill.loader.tokenizer import Tokenizer
+from tokenmill.model.layers import Linear
+from tokenmill.quant.linear import empty_quant_linear, replace_linears
+
+
+@dataclass
+class WeightSource:
+    """A model's weights as the loader found them."""
+
+    config: ModelConfig
+    dtype: torch.dtype
+    weights: Iterator[tuple[str, torch.Tensor]]  # Hugging Face names, float, read lazily
+    gguf: GGUFFile | None = None  # the file, when the model is one
+    saved_quantization: dict[str, Any] | None = None  # a tokenmill checkpoint's own config
+    tokenizer: Tokenizer | None = None  # for methods that calibrate on text (GPTQ, AWQ, ...)
+
+
+class QuantMethod(ABC):
+    """One way of storing a model's linear weights, chosen by name at load time."""
+
+    name: ClassVar[str]
+
+    def load(self, model: nn.Module, source: WeightSource) -> None:
+        """Fill `model` from `source`: float weights first, then every linear is quantized."""
+        model.load_weights(source.weights)
+        replace_linears(model, self.quantize_linear)
+
+    def quantize_linear(self, name: str, linear: Linear) -> nn.Module | None:
+        """The replacement for one loaded float linear; None keeps it float."""
+        raise NotImplementedError(f"{type(self).__name__} does not quantize float linears")
+
+    def options(self) -> dict[str, Any]:
+        """The method's settings, as a saved checkpoint records them."""
+        return {}
+
+
+def check_bits(method: str, bits: object, supported: tuple[int, ...]) -> int:
+    if bits not in supported or isinstance(bits, bool):
+        allowed = ", ".join(map(str, supported))
+        raise ValueError(f"bits must be {allowed} for quantization {method!r}, got {bits!r}")
+    return int(bits)  # type: ignore[call-overload]
+
+
+class NoQuantization(QuantMethod):
+    name = "none"
+
+    def load(self, model: nn.Module, source: WeightSource) -> None:
+        model.load_weights(source.weights)
+
+
+class SavedQuantization(QuantMethod):
+    """A checkpoint `tokenmill quantize` wrote: its layers are already packed, so empty
+    QuantLinears of the recorded formats go in first and the tensors load straight into them."""
+
+    def __init__(self, saved: dict[str, Any]) -> None:
+        self.name = saved["quant_method"]
+        self.formats: dict[str, dict[str, Any]] = saved["modules"]
+
+    def load(self, model: nn.Module, source: WeightSource) -> None:
+        linears = {name for name, m in model.named_modules() if isinstance(m, Linear)}
+        unknown = sorted(set(self.formats) - linears)
+        if unknown:
+            raise ValueError(
+                f"quantized checkpoint names layers the model lacks: {', '.join(unknown[:4])}"
+            )
+        replace_linears(
+            model,
+            lambda name, linear: (
+                empty_quant_linear(self.formats[name], linear) if name in self.formats else None
+            ),
+        )
+        model.load_weights(source.weights)

@@ -1,0 +1,189 @@
+"""A smaller model drafts greedily; the target verifies.
+
+Two kinds of draft model:
+
+- `self:layers=N`: the target's own first N decoder layers, then its final norm and head (an
+  early exit; no extra weights). Its KV for those layers is, for every real token, exactly the
+  target's own, so it reads and writes the target's cache. That is safe: it only writes slots
+  at or after the request's first uncomputed position, and the target rewrites every such slot
+  in the step that computes it, before anything reads it.
+- another model with the same vocabulary (`--draft-model PATH`), with KV caches of its own laid
+  out like the target's and addressed through the same block tables, so prefix caching,
+  preemption and rollback cover it for free. Every step it computes the same real tokens as the
+  target, so a block published to the prefix cache holds valid draft KV too.
+
+Drafts are the draft model's argmax (a deterministic proposal: the rejection sampler treats q
+as one-hot, which keeps sampled requests exact).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from tokenmill.config import ModelConfig
+from tokenmill.engine.runner import allocate_kv_caches, kv_bytes_per_token, slot_mapping
+from tokenmill.engine.scheduler import ScheduledRequest
+from tokenmill.loader.model_loader import LoadedModel, load_model
+from tokenmill.model.attention import AttentionMetadata
+from tokenmill.model.registry import build_model
+from tokenmill.spec.proposer import num_computed_after, token_ids_between
+
+SELF_DRAFT = re.compile(r"self:layers=(\d+)")
+
+
+@dataclass
+class DraftModel:
+    model: nn.Module
+    config: ModelConfig
+    shares_target_kv: bool  # an early exit of the target: its KV is the target's first layers
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        """What the draft adds to each token's KV footprint."""
+        return 0 if self.shares_target_kv else kv_bytes_per_token(self.config, dtype)
+
+    def kv_caches(
+        self, target_caches: list[torch.Tensor], num_blocks: int, block_size: int
+    ) -> list[torch.Tensor]:
+        if self.shares_target_kv:
+            return target_caches[: self.config.num_hidden_layers]
+        dtype = target_caches[0].dtype
+        return allocate_kv_caches(self.config, num_blocks, block_size, dtype)
+
+
+def load_draft_model(spec: str, target: LoadedModel, dtype: torch.dtype) -> DraftModel:
+    """`spec` is "self:layers=N" or anything `--model` accepts, sharing the target's vocabulary."""
+    match = SELF_DRAFT.fullmatch(spec)
+    if match:
+        return early_exit_draft(target, int(match.group(1)))
+    draft = load_model(spec, dtype)
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(
+            f"draft_model {spec!r} has a vocabulary of {draft.config.vocab_size} tokens; the "
+            f"target's has {target.config.vocab_size}: they must share one"
+        )
+    return DraftModel(draft.model, draft.config, shares_target_kv=False)
+
+
+def early_exit_draft(target: LoadedModel, num_layers: int) -> DraftModel:
+    """The target's first `num_layers` layers with its norm and head, sharing its weights."""
+    total = target.config.num_hidden_layers
+    if not 1 <= num_layers < total:
+        raise ValueError(
+            f"draft_model 'self:layers=N' needs 1 <= N < {total} (the target's layers), "
+            f"got {num_layers}"
+        )
+    config = _with_layers(target.config, num_layers)
+    with torch.device("meta"):
+        model = build_model(config)
+    source = target.model
+    model.embed_tokens = source.embed_tokens
+    model.layers = nn.ModuleList(source.layers[:num_layers])
+    model.norm = source.norm
+    model.lm_head = source.lm_head
+    if any(p.is_meta for p in model.parameters()):
+        raise ValueError(
+            f"draft_model 'self:layers=N' is not supported for {target.config.architecture}"
+        )
+    return DraftModel(model.eval(), config, shares_target_kv=True)
+
+
+def _with_layers(config: ModelConfig, num_layers: int) -> ModelConfig:
+    fields = {**config.__dict__, "num_hidden_layers": num_layers}
+    if config.layer_types is not None:
+        fields["layer_types"] = config.layer_types[:num_layers]
+    return ModelConfig(**fields)
+
+
+class DraftModelProposer:
+    def __init__(self, draft: DraftModel, kv_caches: list[torch.Tensor], block_size: int) -> None:
+        self.draft = draft
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+
+    def propose(
+        self,
+        scheduled: Sequence[ScheduledRequest],
+        emitted: Mapping[str, list[int]],
+        hidden: torch.Tensor,
+    ) -> dict[str, list[int]]:
+        chunks = [chunk for item in scheduled if (chunk := self._catch_up(item, emitted))]
+        drafting = [chunk for chunk in chunks if chunk.num_to_draft]
+        if not chunks or (self.draft.shares_target_kv and not drafting):
+            return {}
+        proposals: dict[str, list[int]] = {chunk.request_id: [] for chunk in drafting}
+        with torch.inference_mode():
+            while chunks:
+                # The first pass catches up on real tokens; later ones feed the drafts back.
+                tokens = self._forward(chunks).argmax(dim=-1).tolist()
+                chunks = [chunk for chunk in chunks if chunk.num_to_draft]
+                for chunk, token in zip(chunks, tokens, strict=True):
+                    proposals[chunk.request_id].append(token)
+                chunks = [
+                    chunk.next_draft(token)
+                    for chunk, token in zip(chunks, tokens, strict=True)
+                    if len(proposals[chunk.request_id]) < chunk.num_to_draft
+                ]
+        return proposals
+
+    def _catch_up(self, item: ScheduledRequest, emitted: Mapping[str, list[int]]) -> _Chunk | None:
+        """The real tokens the draft must compute this step: those the target computed (none
+        when their KV is the target's), plus the newest token when the request drafts."""
+        gained = emitted.get(item.request.request_id, [])
+        computed = num_computed_after(item, gained)
+        num_to_draft = item.num_tokens_to_draft if gained else 0
+        start = computed if self.draft.shares_target_kv else item.num_computed_tokens
+        end = computed + (1 if num_to_draft else 0)
+        if end <= start:
+            return None
+        tokens = token_ids_between(item, gained, start, end)
+        return _Chunk(item.request.request_id, item.block_ids, start, end, tokens, num_to_draft)
+
+    def _forward(self, chunks: Sequence[_Chunk]) -> torch.Tensor:
+        """Run the draft over the chunks; logits at the last token of each chunk that drafts."""
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        for chunk in chunks:
+            ids += chunk.token_ids
+            positions += range(chunk.start, chunk.end)
+            slots += slot_mapping(chunk.block_ids, self.block_size, chunk.start, chunk.end)
+        meta = AttentionMetadata.build(
+            query_lens=[c.end - c.start for c in chunks],
+            seq_lens=[c.end for c in chunks],
+            block_tables=[c.block_ids for c in chunks],
+            block_size=self.block_size,
+            slot_mapping=slots,
+        )
+        hidden = self.draft.model(
+            torch.tensor(ids, dtype=torch.long),
+            torch.tensor(positions, dtype=torch.long),
+            self.kv_caches,
+            meta,
+        )
+        rows, end = [], 0
+        for chunk in chunks:
+            end += chunk.end - chunk.start
+            if chunk.num_to_draft:
+                rows.append(end - 1)
+        return self.draft.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long)])
+
+
+@dataclass
+class _Chunk:
+    request_id: str
+    block_ids: list[int]
+    start: int
+    end: int
+    token_ids: list[int]
+    num_to_draft: int
+
+    def next_draft(self, token: int) -> _Chunk:
+        """The one-token chunk that feeds the latest draft back in."""
+        return _Chunk(
+            self.request_id, self.block_ids, self.end, self.end + 1, [token], self.num_to_draft
+        )

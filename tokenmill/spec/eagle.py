@@ -1,0 +1,229 @@
+"""EAGLE-style drafting: a one-layer head that extrapolates the target's own features.
+
+Li et al. (EAGLE, 2024) observe that the target's last hidden state ("feature") is far easier
+to predict one step ahead than the next token is. The head reads the feature at position p
+together with the embedding of token p + 1, runs one decoder layer, and predicts the feature
+at p + 1; the target's own output head turns that into the next draft, and the predicted
+feature feeds the head again for the draft after it.
+
+Costs are kept small for a CPU: the head has one decoder layer, and it scores only the
+`draft_vocab` (the tokens most frequent in its training data, rows of the target's output
+head) instead of the whole vocabulary. Its KV cache (one layer) is laid out like the target's
+and shares its block tables; every step it computes the same real positions as the target
+from the target's features, so prefix caching, preemption and rollback cover it as they do a
+draft model. (The head's KV at the last position of a cached block depends on the token after
+the block, so a request that shares the block but not that token drafts slightly worse there;
+its output is unaffected.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from tokenmill.config import ModelConfig
+from tokenmill.engine.runner import allocate_kv_caches, kv_bytes_per_token, slot_mapping
+from tokenmill.engine.scheduler import ScheduledRequest
+from tokenmill.loader.model_loader import LoadedModel
+from tokenmill.model.attention import AttentionMetadata
+from tokenmill.model.layers import Linear, RMSNorm, RotaryEmbedding
+from tokenmill.model.llama import LlamaDecoderLayer
+from tokenmill.spec.proposer import num_computed_after, token_ids_between
+
+HEADS_DIR = Path(__file__).parent / "heads"
+PACKAGED_HEADS = {"smollm2-135m-instruct": HEADS_DIR / "smollm2-135m-instruct.eagle.safetensors"}
+
+
+def head_config(target: ModelConfig) -> ModelConfig:
+    """The head's decoder layer has the target's shapes; one layer of them."""
+    return dataclasses.replace(target, num_hidden_layers=1, layer_types=None)
+
+
+class EagleHead(nn.Module):
+    def __init__(self, config: ModelConfig, draft_vocab_size: int) -> None:
+        super().__init__()
+        self.config = head_config(config)
+        hidden = config.hidden_size
+        rotary = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
+        self.fc = Linear(2 * hidden, hidden, bias=False)
+        self.layer = LlamaDecoderLayer(self.config, rotary)
+        self.norm = RMSNorm(hidden, config.rms_norm_eps)
+        # Token ids the head can draft, most frequent first; not a parameter.
+        self.register_buffer("draft_vocab", torch.zeros(draft_vocab_size, dtype=torch.long))
+
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        features: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor | None,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """The predicted next features `[tokens, hidden]` from the embedding of each position's
+        next token and the feature at the position."""
+        hidden = self.fc(torch.cat([embeds, features], dim=-1))
+        hidden, residual = self.layer(positions, hidden, None, kv_cache, meta)
+        return self.norm(hidden, residual)[0]
+
+
+def save_head(head: EagleHead, path: Path, target_name: str) -> None:
+    """bf16 weights (the file ships with tokenmill) and the shapes they fit."""
+    tensors = {
+        name: t if name == "draft_vocab" else t.to(torch.bfloat16)
+        for name, t in head.state_dict().items()
+    }
+    shape = {"hidden_size": head.config.hidden_size, "vocab_size": head.config.vocab_size}
+    save_file(tensors, str(path), metadata={"target": target_name, "shape": json.dumps(shape)})
+
+
+def load_head(path: Path, target: ModelConfig, dtype: torch.dtype) -> EagleHead:
+    if not path.is_file():
+        raise ValueError(f"EAGLE head {path} does not exist; train one with tokenmill train-eagle")
+    tensors = load_file(str(path))
+    head = EagleHead(target, draft_vocab_size=len(tensors["draft_vocab"]))
+    expected = head.state_dict()
+    for name, tensor in tensors.items():
+        if name not in expected or expected[name].shape != tensor.shape:
+            raise ValueError(
+                f"EAGLE head {path} does not fit this model (tensor {name!r} of shape "
+                f"{tuple(tensor.shape)}); train one for it with tokenmill train-eagle"
+            )
+    head.load_state_dict(
+        {n: t.to(dtype) if t.is_floating_point() else t for n, t in tensors.items()}
+    )
+    return head.to(dtype).eval()
+
+
+def output_rows(target: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
+    """Rows of the target's output head for `token_ids` (its embedding when they are tied)."""
+    weight = getattr(target.lm_head, "weight", None)
+    if weight is None or weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        weight = target.embed_tokens.weight  # a quantized head: tied models share embeddings
+    return weight[token_ids].detach().clone()
+
+
+@dataclass
+class EagleDrafter:
+    """A loaded head bound to its target: what the engine needs to size KV and draft."""
+
+    head: EagleHead
+    target: nn.Module
+    head_weight: torch.Tensor  # [draft_vocab, hidden]: the target's output rows it scores
+
+    @classmethod
+    def load(cls, path: Path, target: LoadedModel, dtype: torch.dtype) -> EagleDrafter:
+        head = load_head(path, target.config, dtype)
+        return cls(head, target.model, output_rows(target.model, head.draft_vocab).to(dtype))
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        return kv_bytes_per_token(self.head.config, dtype)
+
+
+class EagleProposer:
+    def __init__(self, drafter: EagleDrafter, num_blocks: int, block_size: int) -> None:
+        self.drafter = drafter
+        self.block_size = block_size
+        dtype = drafter.head_weight.dtype
+        (self.kv_cache,) = allocate_kv_caches(drafter.head.config, num_blocks, block_size, dtype)
+
+    def propose(
+        self,
+        scheduled: Sequence[ScheduledRequest],
+        emitted: Mapping[str, list[int]],
+        hidden: torch.Tensor,
+    ) -> dict[str, list[int]]:
+        chunks, features, row = [], [], 0
+        for item in scheduled:
+            chunk = _catch_up(item, emitted.get(item.request.request_id, []))
+            if chunk is not None:
+                chunks.append(chunk)
+                features.append(hidden[row : row + chunk.end - chunk.start])
+            row += item.num_new_tokens
+        proposals: dict[str, list[int]] = {c.request_id: [] for c in chunks if c.num_to_draft}
+        if not chunks:
+            return proposals
+        with torch.inference_mode():
+            predicted = torch.cat(features)
+            while chunks:
+                # The first pass catches up on real positions; later ones feed drafts back.
+                predicted, tokens = self._forward(chunks, predicted)
+                chunks = [chunk for chunk in chunks if chunk.num_to_draft]
+                for chunk, token in zip(chunks, tokens, strict=True):
+                    proposals[chunk.request_id].append(token)
+                keep = [
+                    i
+                    for i, chunk in enumerate(chunks)
+                    if len(proposals[chunk.request_id]) < chunk.num_to_draft
+                ]
+                chunks = [chunks[i].next_draft(tokens[i]) for i in keep]
+                predicted = predicted[keep]
+        return proposals
+
+    def _forward(
+        self, chunks: Sequence[_Chunk], features: torch.Tensor
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Run the head over the chunks; the predicted feature and draft at the last position
+        of each chunk that drafts."""
+        drafter = self.drafter
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        for chunk in chunks:
+            ids += chunk.next_token_ids
+            positions += range(chunk.start, chunk.end)
+            slots += slot_mapping(chunk.block_ids, self.block_size, chunk.start, chunk.end)
+        meta = AttentionMetadata.build(
+            query_lens=[c.end - c.start for c in chunks],
+            seq_lens=[c.end for c in chunks],
+            block_tables=[c.block_ids for c in chunks],
+            block_size=self.block_size,
+            slot_mapping=slots,
+        )
+        embeds = drafter.target.embed_tokens(torch.tensor(ids, dtype=torch.long))
+        out = drafter.head(
+            embeds, features, torch.tensor(positions, dtype=torch.long), self.kv_cache, meta
+        )
+        rows, end = [], 0
+        for chunk in chunks:
+            end += chunk.end - chunk.start
+            if chunk.num_to_draft:
+                rows.append(end - 1)
+        last = out[torch.tensor(rows, dtype=torch.long)]
+        best = (last @ drafter.head_weight.T).argmax(dim=-1)
+        return last, drafter.head.draft_vocab[best].tolist()
+
+
+def _catch_up(item: ScheduledRequest, gained: list[int]) -> _Chunk | None:
+    """The positions whose features the target just computed (real tokens only), each paired
+    with the token after it; the request drafts from the last one."""
+    start, computed = item.num_computed_tokens, num_computed_after(item, gained)
+    if computed <= start:
+        return None
+    next_ids = token_ids_between(item, gained, start + 1, computed + 1)
+    num_to_draft = item.num_tokens_to_draft if gained else 0
+    return _Chunk(item.request.request_id, item.block_ids, start, computed, next_ids, num_to_draft)
+
+
+@dataclass
+class _Chunk:
+    request_id: str
+    block_ids: list[int]
+    start: int
+    end: int
+    next_token_ids: list[int]  # the token after each position
+    num_to_draft: int
+
+    def next_draft(self, token: int) -> _Chunk:
+        """The one-position chunk that pairs the latest predicted feature with its draft."""
+        return _Chunk(
+            self.request_id, self.block_ids, self.end, self.end + 1, [token], self.num_to_draft
+        )

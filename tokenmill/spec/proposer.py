@@ -1,0 +1,44 @@
+"""What the runner asks of a drafter once a step's tokens are known: drafts for the next step."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import torch
+
+from tokenmill.engine.scheduler import ScheduledRequest
+
+
+class Proposer(Protocol):
+    def propose(
+        self,
+        scheduled: Sequence[ScheduledRequest],
+        emitted: Mapping[str, list[int]],
+        hidden: torch.Tensor,
+    ) -> dict[str, list[int]]:
+        """Drafts for each request with `num_tokens_to_draft > 0` (up to that many), given the
+        tokens every request gained this step (`emitted`, not yet appended to the request)
+        and the target's final hidden states of the step's flat batch. Called every step with
+        the whole batch, so a drafter with its own KV can follow the target token by token."""
+        ...
+
+
+def num_computed_after(item: ScheduledRequest, gained: Sequence[int]) -> int:
+    """The request's positions with valid target KV once the step is done: up to, not
+    including, the newest token it gained (drafts rejected past it are stale); all the chunk
+    computed when it gained none."""
+    if gained:
+        return item.request.num_tokens + len(gained) - 1
+    return item.num_computed_tokens + item.num_new_tokens
+
+
+def token_ids_between(
+    item: ScheduledRequest, gained: Sequence[int], start: int, end: int
+) -> list[int]:
+    """Tokens at positions [start, end) of the request with this step's gained tokens added
+    (they are appended only after the proposer ran)."""
+    known = item.request.num_tokens
+    return item.request.all_token_ids[start:end] + list(
+        gained[max(start - known, 0) : max(end - known, 0)]
+    )

@@ -1,0 +1,76 @@
+"""From EngineArgs to the parts of speculative decoding the engine wires in: the scheduler's
+policy, the draft model (whose KV the pool must also hold) and the runner's proposer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tokenmill.config import EngineArgs
+from tokenmill.loader.model_loader import LoadedModel
+from tokenmill.loader.resolve import DEFAULT_MODEL, resolve_model
+from tokenmill.spec.draft_model import DraftModel, DraftModelProposer, load_draft_model
+from tokenmill.spec.eagle import PACKAGED_HEADS, EagleDrafter, EagleProposer
+from tokenmill.spec.ngram import NgramProposer
+from tokenmill.spec.policy import SpeculationPolicy
+from tokenmill.spec.proposer import Proposer
+
+
+def speculation_policy(args: EngineArgs) -> SpeculationPolicy | None:
+    if args.speculative_method is None:
+        return None
+    return SpeculationPolicy(
+        num_speculative_tokens=args.num_speculative_tokens,
+        disable_batch_size=args.speculative_disable_batch_size,
+        adaptive=args.speculative_adaptive_k,
+        drafter_writes_kv=args.speculative_method != "ngram",
+    )
+
+
+def load_draft(
+    args: EngineArgs, target: LoadedModel, dtype: torch.dtype, max_model_len: int
+) -> DraftModel | EagleDrafter | None:
+    """The draft model or EAGLE head, loaded once: the KV pool is sized for it too."""
+    if args.speculative_method == "eagle":
+        return EagleDrafter.load(eagle_head_path(args), target, dtype)
+    if args.speculative_method != "draft":
+        return None
+    assert args.draft_model is not None
+    draft = load_draft_model(args.draft_model, target, dtype)
+    if draft.config.max_position_embeddings < max_model_len:
+        raise ValueError(
+            f"draft_model {args.draft_model!r} handles {draft.config.max_position_embeddings} "
+            f"positions, fewer than max_model_len={max_model_len}; lower max_model_len"
+        )
+    return draft
+
+
+def eagle_head_path(args: EngineArgs) -> Path:
+    """`draft_model` when given, else the head that ships for the packaged default model."""
+    if args.draft_model is not None:
+        return Path(args.draft_model)
+    for name, head in PACKAGED_HEADS.items():
+        if args.model == name or Path(args.model).expanduser() == resolve_model(name):
+            return head
+    raise ValueError(
+        f"no EAGLE head ships for model {args.model!r} (only for {DEFAULT_MODEL}); train one "
+        "with `tokenmill train-eagle` and pass it as draft_model"
+    )
+
+
+def build_proposer(
+    args: EngineArgs,
+    draft: DraftModel | EagleDrafter | None,
+    kv_caches: list[torch.Tensor] | None,
+    num_blocks: int,
+) -> Proposer | None:
+    if args.speculative_method == "ngram":
+        return NgramProposer(args.prompt_lookup_min, args.prompt_lookup_max)
+    if isinstance(draft, EagleDrafter):
+        return EagleProposer(draft, num_blocks, args.block_size)
+    if draft is not None:
+        assert kv_caches is not None
+        caches = draft.kv_caches(kv_caches, num_blocks, args.block_size)
+        return DraftModelProposer(draft, caches, args.block_size)
+    return None
