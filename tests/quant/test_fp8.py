@@ -8,6 +8,7 @@ from torch.nn import functional as F
 
 from tokenmill.loader.model_loader import LoadedModel
 from tokenmill.model.attention import AttentionMetadata
+from tokenmill.quant.evaluate import model_weight_bytes
 from tokenmill.quant.fp8 import FP8_DTYPE, Fp8Linear, fp8_to_float, quantize_fp8
 from tokenmill.quant.registry import quant_method
 
@@ -38,7 +39,7 @@ def test_linear_matches_its_dequantized_reference(rows):
     layer = Fp8Linear.from_float(weight, bias)
     x = torch.randn(rows, 130, generator=gen)
     torch.testing.assert_close(layer(x), F.linear(x, layer.dequantize(), bias))
-    assert layer.weight_bytes() == 700 * 130 + 700 * 4
+    assert model_weight_bytes(layer) == 700 * 130 + 700 * 4 + 700 * 4  # codes, scales, bias
 
 
 def log_probs(loaded: LoadedModel, ids: list[int]) -> torch.Tensor:
