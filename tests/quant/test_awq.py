@@ -54,3 +54,10 @@ def test_scale_search_falls_back_to_plain_rounding_when_nothing_helps():
     plain = Int4Codes.round_to_nearest(weight, 32).dequantize()
     gram = stats.gram()
     assert output_error(chosen - weight, gram) <= output_error(plain - weight, gram)
+
+
+def test_relative_weight_magnitude_is_against_each_groups_largest():
+    weight = torch.tensor([[1.0, -2.0, 4.0, -4.0, 0.5], [2.0, 2.0, -1.0, 1.0, 1.0]])
+    # Groups of 2: [1, 2], [4, 4], [0.5] in row 0; [2, 2], [1, 1], [1] in row 1.
+    expected = torch.tensor([(0.5 + 1.0) / 2, 1.0, 1.0, 1.0, 1.0])
+    torch.testing.assert_close(relative_weight_magnitude(weight, 2), expected)

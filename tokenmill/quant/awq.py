@@ -38,10 +38,10 @@ from tokenmill.quant.groupwise import (
     quantize_lm_head_like_int4,
     search_clip,
 )
-from tokenmill.quant.layerwise import LayerInputs, replace_module
+from tokenmill.quant.layerwise import LAYER_LINEARS, LayerInputs, replace_module
 from tokenmill.quant.linear import check_group_size
 from tokenmill.quant.method import check_bits
-from tokenmill.quant.smoothing import Migration, llama_migrations
+from tokenmill.quant.smoothing import llama_migrations
 
 SCALE_GRID = 20
 
@@ -105,39 +105,32 @@ def relative_weight_magnitude(weight: torch.Tensor, group_size: int) -> torch.Te
 def awq_model(model: nn.Module, samples: torch.Tensor, group_size: int) -> None:
     """Scale, clip and round every decoder-layer linear of `model` to int4, in place; the
     factors fold into the norms and the linears that produce each linear's inputs."""
-    migrations = llama_migrations(model.config)
+    # Under grouped-query attention a value row feeds several heads' output columns, which
+    # must then share one factor; the reference skips that pair, and it measured worse here.
+    migrations = [m for m in llama_migrations(model.config) if m.fan_out == 1]
     inputs = LayerInputs(model, samples)
     for layer in model.layers:
         stats = {
-            m.linear: ActivationStats(layer.get_submodule(m.linear).in_features) for m in migrations
+            name: ActivationStats(layer.get_submodule(name).in_features) for name in LAYER_LINEARS
         }
         inputs.advance(layer, {name: s.add for name, s in stats.items()})
-        _scale_and_quantize(layer, migrations, stats, group_size)
-
-
-def _scale_and_quantize(
-    block: nn.Module,
-    migrations: list[Migration],
-    stats: dict[str, ActivationStats],
-    group_size: int,
-) -> None:
-    grams = {name: s.gram() for name, s in stats.items()}
-    with torch.no_grad():
-        for m in migrations:
-            weight = block.get_submodule(m.linear).weight
-            mean_abs = m.reduce(stats[m.linear].mean_abs())
-            weight_mean = m.reduce(relative_weight_magnitude(weight, group_size))
-            scales = search_scales(
-                weight, grams[m.linear], mean_abs, weight_mean, group_size, m.expand
-            )
-            m.apply(block, scales)
-            columns = m.expand(scales)
-            grams[m.linear] /= columns[:, None] * columns[None, :]  # the inputs are x / s now
-        for m in migrations:
-            linear = block.get_submodule(m.linear)
-            clip = search_clip(linear.weight, grams[m.linear], group_size)
-            codes = quantize_clipped(linear.weight, clip, group_size)
-            replace_module(block, m.linear, codes.to_linear(linear.bias))
+        grams = {name: s.gram() for name, s in stats.items()}
+        with torch.no_grad():
+            for m in migrations:
+                weight = layer.get_submodule(m.linear).weight
+                mean_abs = m.reduce(stats[m.linear].mean_abs())
+                weight_mean = m.reduce(relative_weight_magnitude(weight, group_size))
+                scales = search_scales(
+                    weight, grams[m.linear], mean_abs, weight_mean, group_size, m.expand
+                )
+                m.apply(layer, scales)
+                columns = m.expand(scales)
+                grams[m.linear] /= columns[:, None] * columns[None, :]  # the inputs are x / s
+            for name in LAYER_LINEARS:
+                linear = layer.get_submodule(name)
+                clip = search_clip(linear.weight, grams[name], group_size)
+                codes = quantize_clipped(linear.weight, clip, group_size)
+                replace_module(layer, name, codes.to_linear(linear.bias))
 
 
 class AWQMethod(CalibratedMethod):

@@ -22,7 +22,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from tokenmill.bench.throughput import run_throughput
+from tokenmill.bench.workloads import load_workload
 from tokenmill.config import EngineArgs
+from tokenmill.engine.engine import LLMEngine
 from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.loader.resolve import resolve_model
 from tokenmill.model.attention import AttentionMetadata
@@ -65,18 +68,22 @@ class EvalReport:
     def table(self) -> str:
         """One line per method, columns a person compares at a glance."""
         base = self.rows[0].quality.perplexity if self.rows else float("nan")
+        workloads = list(dict.fromkeys(w for row in self.rows for w in row.tokens_per_s))
         header = (
             f"{'method':<14} {'load s':>7} {'ppl':>8} {'Δppl':>7} {'KL':>8} {'top-1':>6} "
             f"{'weights MiB':>11} {'KV B/tok':>8}"
-            + "".join(f" {w + ' tok/s':>14}" for w in SPEED_WORKLOADS)
+            + "".join(f" {w + ' tok/s':>14}" for w in workloads)
         )
-        lines = [header, "-" * len(header)]
+        lines = [
+            f"{self.model}: {self.eval_windows} held-out windows of {self.eval_seq_len} tokens "
+            f"(text {self.heldout_fingerprint}), Python {self.python}, "
+            f"{self.torch_threads} torch threads",
+            header,
+            "-" * len(header),
+        ]
         for row in self.rows:
             q = row.quality
-            speeds = "".join(
-                f" {row.tokens_per_s[w]:>14.1f}" if w in row.tokens_per_s else f" {'-':>14}"
-                for w in SPEED_WORKLOADS
-            )
+            speeds = "".join(f" {row.tokens_per_s.get(w, float('nan')):>14.1f}" for w in workloads)
             lines.append(
                 f"{row.name:<14} {row.load_s:>7.1f} {q.perplexity:>8.3f} "
                 f"{q.perplexity / base - 1:>+7.1%} {q.kl_divergence:>8.4f} "
@@ -144,26 +151,29 @@ def evaluate(
     """A row for `model` unquantized (the baseline), then one per quantization method of it
     and one per saved checkpoint, every one measured against the baseline."""
     options = engine_options or {}
+    rows: list[EvalRow] = []
+
+    def record(row: EvalRow) -> None:
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+
     start = time.monotonic()
     reference = load_model(model)
     windows = token_windows(reference.tokenizer, "heldout", eval_samples, eval_seq_len)
     baseline = EngineArgs(model=model, **options)
     load_s = time.monotonic() - start
-    rows = [_measure("none", reference, load_s, baseline, reference, windows, speed_workloads)]
+    record(_measure("none", reference, load_s, baseline, reference, windows, speed_workloads))
     candidates = [(m, model, m) for m in methods if m != "none"]
     candidates += [(path, path, "none") for path in checkpoints]
     for name, path, quantization in candidates:
-        if on_row is not None:
-            on_row(rows[-1])
         start = time.monotonic()
         loaded = load_model(path, torch.float32, quantization)
         load_s = time.monotonic() - start
         args = EngineArgs(model=path, quantization=quantization, **options)
-        rows.append(_measure(name, loaded, load_s, args, reference, windows, speed_workloads))
+        record(_measure(name, loaded, load_s, args, reference, windows, speed_workloads))
         del loaded
         gc.collect()
-    if on_row is not None:
-        on_row(rows[-1])
     return EvalReport(
         model=model,
         heldout_fingerprint=text_fingerprint(split_text("heldout")),
@@ -182,10 +192,6 @@ def _measure(
     windows: torch.Tensor,
     speed_workloads: tuple[str, ...],
 ) -> EvalRow:
-    from tokenmill.bench.throughput import run_throughput
-    from tokenmill.bench.workloads import load_workload
-    from tokenmill.engine.engine import LLMEngine
-
     row = EvalRow(
         name=name,
         load_s=load_s,

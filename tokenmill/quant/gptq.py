@@ -75,28 +75,25 @@ def gptq_quantize(
         raise ValueError(
             f"hessian shape {tuple(hessian.shape)} does not match weight {weight.shape}"
         )
-    if not 0.0 < damp_percent < 1.0:
-        raise ValueError(f"damp_percent must be in (0, 1), got {damp_percent}")
+    check_damp_percent(damp_percent)
     w = weight.detach().float().clone()
     h = hessian.detach().float().clone()
     dead = h.diagonal() == 0  # inputs that never fired: any value is exact, so pin them to 0
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
-    groups = -(-in_features // group_size)
-    scales = torch.zeros(out_features, groups, dtype=torch.float16)
-    mins = torch.zeros_like(scales)
     if act_order:  # static groups, fitted before any column moves
         order = torch.argsort(h.diagonal(), descending=True)
         scales, mins = fit_clipped_groups(w, h, group_size)
     else:  # each group fitted when its first column is reached, on the updated weights
         order = torch.arange(in_features)
+        scales = torch.zeros(out_features, -(-in_features // group_size), dtype=torch.float16)
+        mins = torch.zeros_like(scales)
         block_size = max(block_size // group_size, 1) * group_size  # groups never straddle
-    # Transposed, so that a weight column (one input's weights) is a contiguous row.
-    w_t, h = w[:, order].T.float().contiguous(), h[order][:, order].float()
+    h = h[order][:, order]
     h.diagonal().add_(damp_percent * h.diagonal().mean())
-    # Upper Cholesky factor of H^-1: row i weighs how column i's rounding error spreads to
-    # the columns after it. The damping keeps fp32 well-conditioned enough, as in the reference.
-    h_inv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    # Transposed, so that a weight column (one input's weights) is a contiguous row.
+    w_t = w[:, order].T.contiguous()
+    h_inv = _inverse_hessian_factor(h)
     pivots = h_inv.diagonal().tolist()
     permuted_codes = torch.empty(in_features, out_features)
     group_of = (order // group_size).tolist()
@@ -128,6 +125,19 @@ def gptq_quantize(
     codes = torch.empty(out_features, in_features, dtype=torch.uint8)
     codes[:, order] = permuted_codes.T.to(torch.uint8)
     return Int4Codes(codes, scales, mins, group_size)
+
+
+def _inverse_hessian_factor(h: torch.Tensor) -> torch.Tensor:
+    """The upper Cholesky factor U of H^-1 (U^T U = H^-1): row i weighs how column i's rounding
+    error spreads to the columns after it. The damping keeps fp32 well enough conditioned, as
+    in the reference implementation."""
+    return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+
+
+def check_damp_percent(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+        raise ValueError(f"damp_percent must be in (0, 1), got {value!r}")
+    return float(value)
 
 
 def gptq_model(
@@ -179,10 +189,8 @@ class GPTQMethod(CalibratedMethod):
         self.group_size = check_group_size(group_size)
         if not isinstance(act_order, bool):
             raise ValueError(f"act_order must be True or False, got {act_order!r}")
-        if not 0.0 < damp_percent < 1.0:
-            raise ValueError(f"damp_percent must be in (0, 1), got {damp_percent}")
         self.act_order = act_order
-        self.damp_percent = damp_percent
+        self.damp_percent = check_damp_percent(damp_percent)
 
     def calibrate(self, model: nn.Module, samples: torch.Tensor) -> None:
         gptq_model(model, samples, self.group_size, self.act_order, self.damp_percent)

@@ -18,7 +18,8 @@ constexpr int64_t kQuantBlock = 32;
 // d * sum(q), which asymmetric weights need (a weight offset m adds m * d * sum(q) per block).
 // L is 127 for int8 values (for int4 weights, whose kernel is compute-bound) and 32767 for
 // int16 (for int8 weights: memory-bound, so the wider product costs little, and their rounding
-// of the activations becomes negligible). A row of k values takes `blocks` >= ceil(k / 32) blocks, zero past k.
+// of the activations becomes negligible). A row of k values takes `blocks` >= ceil(k / 32)
+// blocks, zero past k.
 template <typename T>
 class QuantizedRows {
  public:
@@ -58,7 +59,8 @@ inline __m256 load8(const at::Half* p) {
 template <typename Body>
 auto with_scale_type(const at::Tensor& scales, Body body) {
   if (scales.scalar_type() == at::kHalf) return body(static_cast<const at::Half*>(nullptr));
-  TORCH_CHECK(scales.scalar_type() == at::kFloat, "quantized weights: scales must be float16 or float32");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat,
+              "quantized weights: scales must be float16 or float32");
   return body(static_cast<const float*>(nullptr));
 }
 

@@ -113,6 +113,58 @@ float dot_groups(const Scale* a, const float* b, int64_t n) {
   return sum;
 }
 
+// values[0, count) as fp32, 8 at a time while 8 remain (never reading past the last).
+template <typename Scale>
+inline void to_floats(const Scale* values, int64_t count, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) _mm256_storeu_ps(out + i, load8(values + i));
+  for (; i < count; ++i) out[i] = to_float(values[i]);
+}
+
+// The weight scale of each of the first `real` blocks from block b0 of one row: its group's
+// (values past `real`, up to the next multiple of 8, are left unspecified).
+template <typename Scale>
+inline void block_scales(const Scale* row_scales, int64_t blocks_per_group, int64_t b0,
+                         int64_t real, float* out) {
+  if (blocks_per_group == 1) {
+    to_floats(row_scales + b0, real, out);
+    return;
+  }
+  if (blocks_per_group == 2 || blocks_per_group == 4) {  // groups of 64 or 128 inputs
+    // b0 is a multiple of kScaleBlocks and so of the group. Eight groups convert at once and
+    // stay in a register; each permute of them repeats 8 / blocks_per_group over 8 blocks.
+    const int64_t first = b0 / blocks_per_group;
+    const int64_t groups = (real + blocks_per_group - 1) / blocks_per_group;
+    const __m256i repeat = blocks_per_group == 2 ? _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)
+                                                 : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    for (int64_t g = 0; g < groups; g += 8) {
+      __m256 eight;
+      if (g + 8 <= groups) {
+        eight = load8(row_scales + first + g);
+      } else {
+        alignas(32) float tail[8] = {};
+        to_floats(row_scales + first + g, groups - g, tail);
+        eight = _mm256_load_ps(tail);
+      }
+      for (int64_t k = 0; k < blocks_per_group && (g + k * 8 / blocks_per_group) < groups; ++k) {
+        const __m256i index = _mm256_add_epi32(repeat, _mm256_set1_epi32(k * 8 / blocks_per_group));
+        _mm256_store_ps(out + g * blocks_per_group + 8 * k, _mm256_permutevar8x32_ps(eight, index));
+      }
+    }
+    return;
+  }
+  // Any other size, per-channel scales (one group per row) included: one conversion a group.
+  int64_t g = b0 / blocks_per_group, left = (g + 1) * blocks_per_group - b0;
+  float scale = to_float(row_scales[g]);
+  for (int64_t b = 0; b < real; ++b, --left) {
+    if (left == 0) {
+      scale = to_float(row_scales[++g]);
+      left = blocks_per_group;
+    }
+    out[b] = scale;
+  }
+}
+
 // out[i][b] = (weight scale of block b0 + b of one row) * (scale of that block of x row i), for
 // the `count` blocks of a pass; 0 past the row's last real block, whose nibbles are padding.
 template <int XRows, typename Scale>
@@ -120,24 +172,12 @@ inline void combine_scales(const Scale* row_scales, int64_t blocks, int64_t bloc
                            const float* const (&xd)[XRows], int64_t b0, int64_t count,
                            float (&out)[XRows][kScaleBlocks]) {
   const int64_t real = std::clamp<int64_t>(blocks - b0, 0, count);
-  if (blocks_per_group == 1) {
-    alignas(32) float weight[kScaleBlocks];
-    int64_t b = 0;
-    for (; b + 8 <= real; b += 8) _mm256_store_ps(weight + b, load8(row_scales + b0 + b));
-    for (; b < real; ++b) weight[b] = to_float(row_scales[b0 + b]);
-    for (int i = 0; i < XRows; ++i)
-      for (b = 0; b < real; ++b) out[i][b] = weight[b] * xd[i][b0 + b];
-  } else {  // group by group: one division per pass, one conversion per group
-    for (int64_t g = b0 / blocks_per_group; g * blocks_per_group < b0 + real; ++g) {
-      const float scale = to_float(row_scales[g]);
-      const int64_t begin = std::max(g * blocks_per_group, b0) - b0;
-      const int64_t end = std::min((g + 1) * blocks_per_group, b0 + real) - b0;
-      for (int i = 0; i < XRows; ++i)
-        for (int64_t b = begin; b < end; ++b) out[i][b] = scale * xd[i][b0 + b];
-    }
-  }
-  for (int i = 0; i < XRows; ++i)
+  alignas(32) float weight[kScaleBlocks + 8];
+  block_scales(row_scales, blocks_per_group, b0, real, weight);
+  for (int i = 0; i < XRows; ++i) {
+    for (int64_t b = 0; b < real; ++b) out[i][b] = weight[b] * xd[i][b0 + b];
     for (int64_t b = real; b < count; ++b) out[i][b] = 0.0f;
+  }
 }
 
 // Tiles ahead whose bytes are prefetched: rows are short (a few hundred bytes), so the hardware
