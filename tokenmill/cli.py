@@ -11,7 +11,14 @@ from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 
-from tokenmill.config import DTYPES, KV_CACHE_MODES, SCHEDULERS, SPECULATIVE_METHODS, EngineArgs
+from tokenmill.config import (
+    DTYPES,
+    KV_CACHE_DTYPES,
+    KV_CACHE_MODES,
+    SCHEDULERS,
+    SPECULATIVE_METHODS,
+    EngineArgs,
+)
 from tokenmill.engine.engine import LLMEngine, PromptInput
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.loader.errors import ModelLoadError
@@ -31,6 +38,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--kv-cache", default="paged", choices=KV_CACHE_MODES)
     group.add_argument("--block-size", type=int, default=16)
     group.add_argument("--kv-cache-memory", default="1GiB", help="bytes or e.g. 2GiB")
+    group.add_argument(
+        "--kv-cache-dtype",
+        default=defaults["kv_cache_dtype"].default,
+        choices=KV_CACHE_DTYPES,
+        help="auto: the model dtype; int8/fp8: 8-bit K/V, a scale per token and head",
+    )
     group.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
     )
@@ -308,14 +321,17 @@ def cmd_train_eagle(ns: argparse.Namespace) -> int:
 def cmd_eval(ns: argparse.Namespace) -> int:
     from tokenmill.quant.evaluate import SPEED_WORKLOADS, default_methods, evaluate
 
+    # Asked about KV dtypes alone, compare just those with the baseline.
+    methods = ns.quantization or ([] if ns.kv_cache_dtype else default_methods(ns.model))
     report = evaluate(
         ns.model,
-        ns.quantization or default_methods(ns.model),
+        methods,
         ns.checkpoint,
         ns.eval_samples,
         ns.eval_seq_len,
         () if ns.no_speed else SPEED_WORKLOADS,
         on_row=lambda row: print(f"eval: {row.name} done", file=sys.stderr),
+        kv_cache_dtypes=tuple(ns.kv_cache_dtype),
     )
     print(report.table())
     if ns.json:
@@ -438,12 +454,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ablate.add_argument("--out-dir", default="bench_out/ablate")
     ablate.add_argument(
-        "--quick", action="store_true", help="tiny sizes: seconds instead of ~10 minutes"
+        "--quick", action="store_true", help="tiny sizes: seconds instead of ~15 minutes"
     )
     ablate.add_argument(
         "--only",
         default=None,
-        help="comma-separated: kv-cache,batching,prefix-caching,chunked-prefill,kv-memory",
+        help="comma-separated: kv-cache,batching,prefix-caching,chunked-prefill,kv-memory,"
+        "speculative,speculative-batch",
     )
     add_engine_args(ablate)
     ablate.set_defaults(func=cmd_bench_ablate)
@@ -530,7 +547,15 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         choices=quantization_choices(),
         default=None,
-        help="methods to compare (default: all that apply); the unquantized model is row one",
+        help="methods to compare (default: all that apply, none with --kv-cache-dtype alone); "
+        "the unquantized model is row one",
+    )
+    evaluate.add_argument(
+        "--kv-cache-dtype",
+        nargs="+",
+        choices=[d for d in KV_CACHE_DTYPES if d != "auto"],
+        default=[],
+        help="also rows for these quantized KV caches, on the unquantized weights",
     )
     evaluate.add_argument(
         "--checkpoint",

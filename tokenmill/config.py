@@ -54,6 +54,9 @@ def parse_dtype(name: str) -> torch.dtype:
 
 
 KV_CACHE_MODES = ("none", "contiguous", "paged")
+# "auto" keeps K/V in the model dtype; int8 / fp8 store 8-bit codes with a scale per token and
+# KV head (tokenmill/kv/quantized.py, docs/quantization.md).
+KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 SCHEDULERS = ("continuous", "static")
 SPECULATIVE_METHODS = ("ngram", "draft", "eagle")
 _MEMORY_UNITS = {
@@ -100,6 +103,7 @@ class EngineArgs:
     kv_cache: str = "paged"
     block_size: int = 16
     kv_cache_memory: int | str = "1GiB"
+    kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     scheduler: str = "continuous"
     max_num_seqs: int = 64
@@ -121,6 +125,7 @@ class EngineArgs:
         parse_dtype(self.dtype)
         self.kv_cache_memory = parse_memory(self.kv_cache_memory)
         _one_of("kv_cache", self.kv_cache, KV_CACHE_MODES)
+        _one_of("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _one_of("scheduler", self.scheduler, SCHEDULERS)
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             _positive_int(name, getattr(self, name))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from tokenmill.bench.ablate import EXPERIMENTS, FULL, QUICK
+from tokenmill.bench.workloads import load_workload
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -17,7 +18,16 @@ def test_quick_run_writes_table_json_and_one_png_per_experiment(tokenmill_cli, t
     assert result.returncode == 0, result.stderr
     payload = json.loads((out / "ablate.json").read_text())
     techniques = {row["technique"] for row in payload["rows"]}
-    assert techniques == {"KV cache", "batching", "prefix caching", "chunked prefill", "KV memory"}
+    assert techniques == {
+        "KV cache",
+        "batching",
+        "prefix caching",
+        "chunked prefill",
+        "KV memory",
+        "speculative decoding (ngram)",
+        "speculative decoding (eagle)",
+        "speculative decoding (ngram, batch)",
+    }
     for row in payload["rows"]:
         assert row["winner"] in {row["baseline"], row["candidate"], "tie"}, row
         assert row["margin"]
@@ -41,6 +51,51 @@ def test_quick_run_writes_table_json_and_one_png_per_experiment(tokenmill_cli, t
     assert data["chunked-prefill"]["budgets"] == {"off": 2048, "on": QUICK.chunk_budget}
 
 
+def test_speculative_rows_compare_off_and_on_with_identical_greedy_outputs(tokenmill_cli, tmp_path):
+    out = tmp_path / "ablate"
+    result = tokenmill_cli(
+        "bench",
+        "ablate",
+        "--quick",
+        "--only",
+        "speculative,speculative-batch",
+        "--out-dir",
+        str(out),
+        "--kv-cache-memory",
+        "32MiB",
+    )
+    assert result.returncode == 0, result.stderr
+    payload = json.loads((out / "ablate.json").read_text())
+    assert set(payload["experiments"]) == {"speculative", "speculative-batch"}
+    for experiment in payload["experiments"].values():
+        assert (out / experiment["plot"]).read_bytes()[:8] == PNG_MAGIC
+    rows = payload["rows"]
+    assert [row["candidate"] for row in rows] == [
+        *["ngram"] * 4,
+        *["eagle"] * 4,
+        "forced on",
+        "default policy",
+    ]
+    assert all(row["baseline"] == "off" for row in rows)
+    assert all(
+        "greedy outputs identical: yes" in row["metric"] for row in rows if row["unit"] == "tok/s"
+    )
+
+    single = payload["experiments"]["speculative"]["data"]
+    for method, workload in (("ngram", "rewrite"), ("eagle", "chat")):
+        runs = single[method]
+        assert runs["workload"] == workload and runs["outputs_match"] is True
+        assert runs["off"]["spec_mean_accepted_length"] == 0.0  # nothing was verified
+        assert runs["on"]["spec_mean_accepted_length"] >= 1.0
+        assert runs["off"]["output_tokens"] == runs["on"]["output_tokens"]
+    assert single["ngram"]["on"]["spec_acceptance_rate"] > 0  # the output copies the prompt
+    batch = payload["experiments"]["speculative-batch"]["data"]
+    assert batch["outputs_match"] == {"forced on": True, "default policy": True}
+    results = batch["results"]
+    assert {r["max_concurrent_requests"] for r in results.values()} == {QUICK.spec_batch_requests}
+    assert results["off"]["spec_mean_accepted_length"] == 0.0
+
+
 def test_only_with_an_unknown_experiment_fails_before_loading_anything(tokenmill_cli):
     result = tokenmill_cli("bench", "ablate", "--quick", "--only", "kv-cache,nope")
     assert result.returncode == 2
@@ -54,3 +109,5 @@ def test_full_sizes_are_the_issue_workloads():
         (32, 256),
     )
     assert (FULL.kv_new_tokens, FULL.prefix_tokens, FULL.chunk_prompt_tokens) == (256, 1024, 2000)
+    assert FULL.spec_rewrite_tokens == load_workload("rewrite")[0].max_tokens
+    assert FULL.spec_chat_tokens == load_workload("chat")[0].max_tokens

@@ -3,6 +3,7 @@ reuse give the same greedy tokens as the simplest path, and no KV block is leake
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from tokenmill.config import EngineArgs
 from tokenmill.engine.engine import LLMEngine
 from tokenmill.engine.outputs import RequestOutput
+from tokenmill.engine.request import FinishReason
 from tokenmill.engine.runner import kv_bytes_per_token
 from tokenmill.loader.model_loader import LoadedModel
 from tokenmill.sampling.params import SamplingParams
@@ -165,18 +167,118 @@ def test_n_samples_share_the_prompt_blocks_and_differ(smollm):
     prompt = random_prompt(3, 40)  # two full blocks and a partial one
     params = SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=10, ignore_eos=True)
     engine.add_request("multi", prompt, params)
-    engine.step()
+    engine.step()  # the parent computes the prompt; its siblings wait
+    assert [child.request_id for child in engine.scheduler.running] == ["multi#0"]
+    engine.step()  # they fork it, and each copies the partial block before writing into it
     children = engine.scheduler.running
     assert len(children) == 3
     tables = [engine.kv_manager.block_ids(child.request_id) for child in children]
     assert tables[0][:2] == tables[1][:2] == tables[2][:2]
-    assert len({table[2] for table in tables}) == 3  # each writes its own partial block
+    assert len({table[2] for table in tables}) == 3
     outputs = []
     while engine.has_unfinished_requests():
         outputs += [out for out in engine.step() if out.finished]
     (result,) = outputs
     assert [c.index for c in result.outputs] == [0, 1, 2]
     assert len({tuple(c.token_ids) for c in result.outputs}) > 1
+    assert_no_blocks_held(engine)
+
+
+def run_n_with_counts(
+    engine: LLMEngine, prompt: list[int], params: SamplingParams
+) -> tuple[RequestOutput, dict[str, int], int]:
+    """The request's output, the prompt positions each child computed, the blocks copied."""
+    computed: dict[str, int] = {}
+    num_copies = 0
+    execute = engine.runner.execute
+
+    def counting(out):
+        nonlocal num_copies
+        num_copies += len(out.block_copies)
+        for item in out.scheduled:
+            start = item.num_computed_tokens
+            stop = min(start + item.num_new_tokens, len(prompt))
+            computed[item.request.request_id] = computed.get(item.request.request_id, 0)
+            computed[item.request.request_id] += max(stop - start, 0)
+        return execute(out)
+
+    engine.runner.execute = counting
+    (out,) = run_all(engine, [prompt], params)
+    return out, computed, num_copies
+
+
+@pytest.mark.parametrize(("length", "num_copies"), [(40, 3), (32, 3), (33, 0)])
+def test_n_samples_compute_the_prompt_once(smollm, length, num_copies):
+    """The parent computes the prompt; each sibling only its last token, into a copy of the
+    partial block (none when that token starts a new block)."""
+    engine = make_engine(smollm)
+    params = SamplingParams(n=4, temperature=0, max_tokens=4, ignore_eos=True)
+    _, computed, copies = run_n_with_counts(engine, random_prompt(length, length), params)
+    assert computed == {"req-0#0": length, "req-0#1": 1, "req-0#2": 1, "req-0#3": 1}
+    assert copies == num_copies
+    assert_no_blocks_held(engine)
+
+
+@pytest.mark.parametrize("length", [40, 32])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_n_samples_equal_each_child_run_alone(smollm, length, temperature):
+    prompt = random_prompt(100 + length, length)
+    params = SamplingParams(n=4, temperature=temperature, seed=9, max_tokens=12, ignore_eos=True)
+    shared = make_engine(smollm)
+    (out,) = run_all(shared, [prompt], params)
+    alone = make_engine(smollm, enable_prefix_caching=False)
+    for index, child in enumerate(out.outputs):
+        single = dataclasses.replace(params, n=1, seed=params.seed + index)
+        assert child.token_ids == tokens(run_all(alone, [prompt], single))[0]
+    assert_no_blocks_held(shared)
+
+
+@pytest.mark.parametrize(("child", "after_steps"), [(0, 1), (1, 3), (None, 3)])
+def test_abort_of_one_child_or_all_mid_run_leaks_no_block(smollm, child, after_steps):
+    """Child 0 aborted after one step: its siblings had not forked yet and compute the prompt
+    from the prefix cache; child 1 aborted after forking; or the whole request."""
+    engine = make_engine(smollm)
+    params = SamplingParams(n=3, temperature=1.0, seed=2, max_tokens=10, ignore_eos=True)
+    engine.add_request("multi", random_prompt(4, 40), params)
+    for _ in range(after_steps):
+        engine.step()
+    if child is None:
+        engine.abort_request("multi")
+    else:
+        engine.scheduler.finish_requests([f"multi#{child}"], FinishReason.ABORT)
+        engine.runner.release(f"multi#{child}")
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += [out for out in engine.step() if out.finished]
+    survivors = [] if child is None else [c for c in outputs[0].outputs if c.index != child]
+    assert all(len(c.token_ids) == params.max_tokens for c in survivors)
+    assert_no_blocks_held(engine)
+
+
+def test_preempted_n_samples_resume_with_identical_tokens(smollm):
+    prompts = [random_prompt(seed, 40) for seed in range(3)]
+    params = SamplingParams(n=3, temperature=1.0, seed=4, max_tokens=40, ignore_eos=True)
+    expected = run_all(make_engine(smollm), prompts, params)
+    small = make_engine(smollm, kv_cache_memory=16 * 16 * smollm_kv_bytes(smollm))
+    outputs = run_all(small, prompts, params)
+    assert small.scheduler.stats.num_preemptions > 0
+    for out, ref in zip(outputs, expected, strict=True):
+        assert [c.token_ids for c in out.outputs] == [c.token_ids for c in ref.outputs]
+    assert_no_blocks_held(small)
+
+
+def test_n_samples_copy_the_draft_models_own_kv_too(smollm):
+    """A draft model with its own paged KV that is the target itself: a sibling whose copied
+    block lacked the draft's KV would draft wrongly and see its drafts rejected."""
+    draft = {"speculative_method": "draft", "draft_model": str(smollm.path)}
+    prompt = random_prompt(6, 40)
+    params = SamplingParams(n=3, temperature=0, max_tokens=16, ignore_eos=True)
+    engine = make_engine(smollm, **draft)
+    (out,) = run_all(engine, [prompt], params)
+    (plain,) = run_all(make_engine(smollm), [prompt], params)
+    assert [c.token_ids for c in out.outputs] == [c.token_ids for c in plain.outputs]
+    stats = engine.scheduler.stats
+    assert stats.num_accepted_tokens >= 0.95 * stats.num_draft_tokens > 0
     assert_no_blocks_held(engine)
 
 

@@ -1,4 +1,5 @@
-"""Scheduler behaviour without a model: budgets, chunking, priorities, preemption, no leaks."""
+"""Scheduler behaviour without a model: budgets, chunking, priorities, preemption, n > 1
+siblings forking their parent's prompt, no leaks."""
 
 from __future__ import annotations
 
@@ -24,9 +25,19 @@ def make_request(request_id: str, prompt_len: int, max_tokens: int = 4, priority
 def fake_step(scheduler: Scheduler) -> SchedulerOutput:
     """Stand-in for the runner: every sampling request gets token 7."""
     out = scheduler.schedule()
+    check_block_copies(scheduler, out)
     sampled = {s.request.request_id: [7] for s in out.scheduled if s.samples}
     scheduler.update(out, sampled)
     return out
+
+
+def check_block_copies(scheduler: Scheduler, out: SchedulerOutput) -> None:
+    """Each copy goes into its own block, which a request computing this step holds alone."""
+    destinations = [dst for _, dst in out.block_copies]
+    assert len(set(destinations)) == len(destinations)
+    for dst in destinations:
+        assert scheduler.kv.pool.blocks[dst].ref_count == 1
+        assert any(dst in s.block_ids for s in out.scheduled)
 
 
 def test_long_prompt_is_split_into_chunks_under_the_budget():
@@ -102,6 +113,48 @@ def test_abort_frees_blocks_at_once():
     assert not scheduler.has_unfinished_requests()
 
 
+def make_siblings(request_id: str, prompt_len: int, n: int, max_tokens: int = 4) -> list[Request]:
+    """The n children the engine makes of one request: the later ones fork the first."""
+    children = [make_request(f"{request_id}#{i}", prompt_len, max_tokens) for i in range(n)]
+    for sibling in children[1:]:
+        sibling.parent_request_id = children[0].request_id
+    return children
+
+
+def scheduled_tokens(out: SchedulerOutput) -> list[tuple[str, int, int]]:
+    return [(s.request.request_id, s.num_computed_tokens, s.num_new_tokens) for s in out.scheduled]
+
+
+def test_siblings_fork_the_parents_prompt_and_copy_its_partial_block():
+    scheduler = make_scheduler(block_size=4)
+    for child in make_siblings("r", 10, n=3):
+        scheduler.add_request(child)
+    assert scheduled_tokens(fake_step(scheduler)) == [("r#0", 0, 10)]
+    out = fake_step(scheduler)
+    assert scheduled_tokens(out) == [("r#0", 10, 1), ("r#1", 9, 1), ("r#2", 9, 1)]
+    tables = [scheduler.kv.block_ids(f"r#{i}") for i in range(3)]
+    assert tables[0][:2] == tables[1][:2] == tables[2][:2]
+    assert out.block_copies == [(tables[0][2], tables[1][2]), (tables[0][2], tables[2][2])]
+    assert fake_step(scheduler).block_copies == []
+
+
+def test_siblings_waiting_for_their_parent_do_not_hold_up_the_queue():
+    scheduler = make_scheduler(block_size=4)
+    for child in make_siblings("r", 10, n=3):
+        scheduler.add_request(child)
+    scheduler.add_request(make_request("later", 5))
+    assert [s.request.request_id for s in fake_step(scheduler).scheduled] == ["r#0", "later"]
+
+
+def test_siblings_of_a_finished_parent_reuse_its_cached_blocks_instead():
+    scheduler = make_scheduler(block_size=4)
+    for child in make_siblings("r", 10, n=2, max_tokens=1):
+        scheduler.add_request(child)
+    fake_step(scheduler)
+    assert scheduled_tokens(fake_step(scheduler)) == [("r#1", 8, 2)]
+    assert scheduler.kv.pool.num_free_blocks == 64
+
+
 def check_pool_invariants(scheduler: Scheduler) -> None:
     pool = scheduler.kv.pool
     held: dict[int, int] = {}
@@ -118,6 +171,7 @@ def check_pool_invariants(scheduler: Scheduler) -> None:
 actions = st.lists(
     st.one_of(
         st.tuples(st.just("add"), st.integers(1, 20), st.integers(1, 12), st.integers(0, 2)),
+        st.tuples(st.just("fork"), st.integers(1, 20), st.integers(1, 12), st.integers(2, 4)),
         st.tuples(st.just("step"), st.integers(1, 3), st.just(0), st.just(0)),
         st.tuples(st.just("abort"), st.integers(0, 20), st.just(0), st.just(0)),
     ),
@@ -131,17 +185,24 @@ def test_random_add_step_abort_never_leaks_or_double_books_blocks(actions, num_b
     scheduler = make_scheduler(num_blocks=num_blocks, block_size=4, max_num_seqs=4, budget=16)
     added: list[str] = []
     for kind, a, b, c in actions:
-        if kind == "add":
+        if kind in ("add", "fork"):
             prompt = [*range(1, 9), *range(a)] if shared else list(range(1, a + 1))
-            request = Request(
-                f"r{len(added)}",
-                prompt,
-                SamplingParams(max_tokens=b, ignore_eos=True),
-                priority=c,
-                max_model_len=num_blocks * 4,  # as the engine caps it: one request always fits
-            )
-            scheduler.add_request(request)
-            added.append(request.request_id)
+            n, priority = (c, 0) if kind == "fork" else (1, c)
+            children = [
+                Request(
+                    f"r{len(added)}#{i}",
+                    prompt,
+                    SamplingParams(max_tokens=b, ignore_eos=True),
+                    priority=priority,
+                    max_model_len=num_blocks * 4,  # as the engine caps it: one always fits
+                )
+                for i in range(n)
+            ]
+            for sibling in children[1:]:
+                sibling.parent_request_id = children[0].request_id
+            for child in children:
+                scheduler.add_request(child)
+                added.append(child.request_id)
         elif kind == "step":
             for _ in range(a):
                 fake_step(scheduler)

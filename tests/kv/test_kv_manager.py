@@ -1,4 +1,5 @@
-"""KVCacheManager: block tables grow with tokens, prefixes are shared, contiguous reserves."""
+"""KVCacheManager: block tables grow with tokens, prefixes are shared, shared blocks are copied
+before a write, contiguous reserves."""
 
 from __future__ import annotations
 
@@ -78,3 +79,80 @@ def test_contiguous_mode_reserves_the_whole_span_at_admission():
     req = make_request("a", [1, 2])
     assert kv.allocate_slots(req, 2)
     assert kv.num_blocks_held("a") == 4
+
+
+def fork(kv: KVCacheManager, parent: Request, request_id: str) -> Request:
+    """A sibling of `parent` that takes over all of its prompt but the last token."""
+    sibling = make_request(request_id, parent.prompt_token_ids)
+    sibling.num_computed_tokens = sibling.num_prompt_tokens - 1
+    shared = kv.shared_prompt(parent, sibling.num_computed_tokens)
+    assert kv.allocate_slots(sibling, 1, shared)
+    return sibling
+
+
+def test_a_write_into_a_shared_partial_block_copies_it_first():
+    kv = KVCacheManager(num_blocks=10, block_size=4)
+    parent = make_request("p", list(range(10)))  # blocks [0..3] [4..7] [8, 9]
+    assert kv.allocate_slots(parent, 10)
+    parent.num_computed_tokens = 10
+    assert kv.take_block_copies() == []  # a block held alone is written in place
+    sibling = fork(kv, parent, "s")
+    held, own = kv.block_ids("p"), kv.block_ids("s")
+    assert own[:2] == held[:2] and own[2] not in held
+    assert kv.take_block_copies() == [(held[2], own[2])]
+    assert kv.take_block_copies() == []
+    refs = [kv.pool.blocks[i].ref_count for i in [*held, own[2]]]
+    assert refs == [2, 2, 1, 1]
+    kv.free(parent)
+    kv.free(sibling)
+    assert kv.pool.num_free_blocks == 10
+
+
+def test_the_last_sharer_of_a_block_writes_it_in_place():
+    kv = KVCacheManager(num_blocks=10, block_size=4)
+    parent = make_request("p", list(range(6)))
+    assert kv.allocate_slots(parent, 6)
+    parent.num_computed_tokens = 5  # a chunk ended before the last prompt token
+    sibling = fork(kv, parent, "s")
+    (copy,) = kv.take_block_copies()
+    assert kv.allocate_slots(parent, 1)  # the parent now holds its partial block alone
+    assert kv.take_block_copies() == []
+    assert kv.block_ids("p")[1] == copy[0] and kv.block_ids("s")[1] == copy[1]
+    assert sibling.num_computed_tokens == 5
+
+
+def test_a_prompt_ending_one_past_a_block_boundary_shares_only_full_blocks():
+    kv = KVCacheManager(num_blocks=10, block_size=4)
+    parent = make_request("p", list(range(9)))  # the last token starts a new block
+    assert kv.allocate_slots(parent, 9)
+    parent.num_computed_tokens = 9
+    fork(kv, parent, "s")
+    assert kv.take_block_copies() == []
+    assert kv.block_ids("s")[:2] == kv.block_ids("p")[:2]
+    assert kv.block_ids("s")[2] != kv.block_ids("p")[2]
+
+
+def test_copy_on_write_without_a_free_block_fails_and_changes_nothing():
+    kv = KVCacheManager(num_blocks=3, block_size=4)
+    parent = make_request("p", list(range(10)))
+    assert kv.allocate_slots(parent, 10)
+    parent.num_computed_tokens = 10
+    sibling = make_request("s", list(range(10)))
+    sibling.num_computed_tokens = 9
+    assert not kv.allocate_slots(sibling, 1, kv.shared_prompt(parent, 9))
+    assert kv.num_blocks_held("s") == 0
+    assert [block.ref_count for block in kv.pool.blocks] == [1, 1, 1]
+    assert kv.take_block_copies() == []
+
+
+def test_a_copy_into_a_block_freed_in_the_same_step_is_dropped():
+    """A request preempted in the step that copied a block for it gives the copy back; the
+    block may then go to somebody else before the runner would have copied into it."""
+    kv = KVCacheManager(num_blocks=10, block_size=4)
+    parent = make_request("p", list(range(10)))
+    assert kv.allocate_slots(parent, 10)
+    parent.num_computed_tokens = 10
+    sibling = fork(kv, parent, "s")
+    kv.free(sibling)
+    assert kv.take_block_copies() == []
+    assert [kv.pool.blocks[i].ref_count for i in kv.block_ids("p")] == [1, 1, 1]

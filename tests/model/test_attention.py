@@ -12,12 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from tokenmill.model.attention import (
-    MAX_DECODE_QUERY,
-    AttentionMetadata,
-    attention,
-    write_kv_cache,
-)
+from tokenmill.model.attention import MAX_DECODE_QUERY, AttentionMetadata, attention
 from tokenmill.model.flash_reference import PagedSequence, paged_flash_attention
 
 HEAD_DIM = 8
@@ -288,21 +283,3 @@ def test_attention_without_cache_attends_each_sequence_over_its_query(heads: tup
     meta = AttentionMetadata.build(batch.query_lens, batch.seq_lens, None, 4, None)
     k, v = torch.cat(batch.keys), torch.cat(batch.values)
     assert_matches_naive(attention(batch.q, k, v, None, meta, SCALE), batch.naive())
-
-
-def test_write_kv_cache_writes_exactly_the_named_slots():
-    torch.manual_seed(9)
-    kv_cache = torch.randn(2, 5, 4, 2, HEAD_DIM)
-    before = kv_cache.clone()
-    slots = torch.tensor([13, 2, 7, 19])
-    k, v = torch.randn(4, 2, HEAD_DIM), torch.randn(4, 2, HEAD_DIM)
-    write_kv_cache(kv_cache, slots, k, v)
-
-    for slot, key, value in zip(slots.tolist(), k, v, strict=True):
-        block, offset = divmod(slot, 4)
-        assert torch.equal(kv_cache[0, block, offset], key)
-        assert torch.equal(kv_cache[1, block, offset], value)
-    untouched = torch.ones(5 * 4, dtype=torch.bool)
-    untouched[slots] = False
-    flat, flat_before = kv_cache.view(2, 20, 2, HEAD_DIM), before.view(2, 20, 2, HEAD_DIM)
-    assert torch.equal(flat[:, untouched], flat_before[:, untouched])

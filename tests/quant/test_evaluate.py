@@ -85,3 +85,19 @@ def test_cli_writes_the_table_and_json(smollm_path: Path, tmp_path: Path, capsys
 def test_too_many_windows_is_a_clear_error(smollm_path: Path) -> None:
     with pytest.raises(ValueError, match="num_samples=5000"):
         evaluate(str(smollm_path), [], [], eval_samples=5000, eval_seq_len=256)
+
+
+def test_cli_kv_cache_dtypes_alone_give_baseline_and_kv_rows(
+    smollm_path: Path, tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--model", str(smollm_path), "--kv-cache-dtype", "int8", "fp8"]
+    argv += ["--eval-samples", "2", "--eval-seq-len", "24", "--no-speed", "--json", str(out)]
+    assert cli.main(argv) == 0
+    assert "kv-cache int8" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["name"] for row in rows] == ["none", "kv-cache int8", "kv-cache fp8"]
+    baseline, int8, fp8 = rows
+    assert int8["weight_bytes"] == baseline["weight_bytes"]
+    assert int8["kv_bytes_per_token"] == fp8["kv_bytes_per_token"] < baseline["kv_bytes_per_token"]
+    assert 0 < int8["quality"]["kl_divergence"] < fp8["quality"]["kl_divergence"]

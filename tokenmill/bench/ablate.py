@@ -3,8 +3,9 @@
 Every experiment loads nothing itself: the engines share one loaded model and differ only in
 the switch under test, so a difference is the technique's. Steps are timed from outside
 (`LLMEngine.step()` wall time); nothing inside the engine is instrumented. `FULL` is the run
-docs/benchmarks.md reports (about 10 minutes on 2 cores); `QUICK` shrinks every experiment to
-a few tokens so the whole command runs in seconds.
+docs/benchmarks.md reports (about 15 minutes on 2 cores, the speculative-decoding experiments
+about 4 of them); `QUICK` shrinks every experiment to a few tokens so the whole command runs in
+seconds.
 """
 
 from __future__ import annotations
@@ -22,17 +23,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from tokenmill.bench.comparison import Comparison, comparison_table
-from tokenmill.bench.plots import line_plot
+from tokenmill.bench.plots import bar_plot, line_plot
 from tokenmill.bench.report import write_json
-from tokenmill.bench.throughput import run_throughput
-from tokenmill.bench.workloads import BenchRequest, random_requests, random_token_ids
+from tokenmill.bench.throughput import ThroughputResult, run_throughput
+from tokenmill.bench.workloads import (
+    BenchRequest,
+    load_workload,
+    random_requests,
+    random_token_ids,
+)
 from tokenmill.config import EngineArgs, parse_dtype
 from tokenmill.engine.engine import LLMEngine
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.engine.runner import kv_bytes_per_token
+from tokenmill.kv.quantized import cache_bytes, kv_head_bytes
 from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.sampling.params import SamplingParams
 
@@ -60,6 +65,11 @@ class AblateSizes:
     chunk_warm_steps: int  # decode steps before the long prompt arrives
     memory_max_model_len: int  # the span a contiguous cache reserves per request
     memory_pool_requests: int  # pool size, in max-length requests
+    spec_rewrite_tokens: int  # generated on the `rewrite` workload (the passage is ~100 tokens)
+    spec_chat_tokens: int  # generated on the `chat` workload
+    spec_batch_requests: int  # all of them running at once
+    spec_batch_prompt_len: tuple[int, int]
+    spec_batch_max_tokens: tuple[int, int]
 
 
 FULL = AblateSizes(
@@ -81,6 +91,11 @@ FULL = AblateSizes(
     chunk_warm_steps=4,
     memory_max_model_len=512,
     memory_pool_requests=17,
+    spec_rewrite_tokens=100,
+    spec_chat_tokens=128,
+    spec_batch_requests=32,
+    spec_batch_prompt_len=(32, 256),
+    spec_batch_max_tokens=(16, 32),
 )
 
 QUICK = AblateSizes(
@@ -102,6 +117,11 @@ QUICK = AblateSizes(
     chunk_warm_steps=2,
     memory_max_model_len=48,
     memory_pool_requests=2,
+    spec_rewrite_tokens=12,
+    spec_chat_tokens=8,
+    spec_batch_requests=6,
+    spec_batch_prompt_len=(8, 24),
+    spec_batch_max_tokens=(3, 8),
 )
 
 
@@ -156,6 +176,19 @@ class SlotOccupancy:
             return
         self.reserved.append(sum(kv.num_blocks_held(r.request_id) for r in running) * kv.block_size)
         self.used.append(sum(r.num_computed_tokens for r in running))
+
+
+class FinishedTokens:
+    """A step observer: each finished request's output token ids, keyed by its prompt (the
+    workloads' prompts are distinct), so two engines' outputs can be compared."""
+
+    def __init__(self) -> None:
+        self.by_prompt: dict[tuple[int, ...], list[int]] = {}
+
+    def __call__(self, _: LLMEngine, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            if out.finished:
+                self.by_prompt[tuple(out.prompt_token_ids)] = list(out.outputs[0].token_ids)
 
 
 def _greedy(max_tokens: int) -> SamplingParams:
@@ -431,8 +464,9 @@ def kv_memory(ctx: AblateContext) -> Experiment:
     sizes = ctx.sizes
     config = ctx.loaded.config
     dtype = parse_dtype(ctx.base.dtype)
-    per_token = kv_bytes_per_token(config, dtype)
-    element = torch.empty((), dtype=dtype).element_size()
+    kv_dtype = ctx.base.kv_cache_dtype
+    per_token = kv_bytes_per_token(config, dtype, kv_dtype)
+    head_bytes = kv_head_bytes(kv_dtype, config.head_dim, dtype)
     pool_bytes = sizes.memory_pool_requests * sizes.memory_max_model_len * per_token
     requests = _batch_requests(sizes)
     measured_per_token = 0.0
@@ -451,7 +485,7 @@ def kv_memory(ctx: AblateContext) -> Experiment:
         result = run_throughput(engine, requests, f"batch ({mode} KV)", on_step=occupancy)
         reserved_slots, used_slots = occupancy.reserved, occupancy.used
         assert engine.runner.kv_caches is not None
-        pool_tensor_bytes = sum(t.numel() * t.element_size() for t in engine.runner.kv_caches)
+        pool_tensor_bytes = sum(cache_bytes(cache) for cache in engine.runner.kv_caches)
         measured_per_token = pool_tensor_bytes / (engine.num_blocks * engine.args.block_size)
         unused[mode] = 1 - sum(used_slots) / max(sum(reserved_slots), 1)
         concurrency[mode] = result.max_concurrent_requests
@@ -471,7 +505,9 @@ def kv_memory(ctx: AblateContext) -> Experiment:
     )
     formula = (
         f"2 x {config.num_hidden_layers} layers x {config.num_key_value_heads} kv_heads x "
-        f"{config.head_dim} head_dim x {element} bytes"
+        f"{head_bytes} bytes per head ({config.head_dim} values"
+        + ("" if kv_dtype == "auto" else " + a 4-byte scale")
+        + ")"
     )
     pool = f"{sizes.memory_pool_requests} x {sizes.memory_max_model_len}-token pool"
     rows = [
@@ -527,6 +563,175 @@ def kv_memory(ctx: AblateContext) -> Experiment:
     return Experiment(rows, data, plot)
 
 
+def speculative(ctx: AblateContext) -> Experiment:
+    """One stream is bound by reading the weights, so verifying K drafts in one pass costs about
+    one token's step and every accepted draft saves a step. Prompt lookup (`ngram`) where the
+    output repeats the input; the shipped EAGLE head on an open question."""
+    sizes = ctx.sizes
+    cases = (
+        ("ngram", "rewrite", "copy a passage", sizes.spec_rewrite_tokens),
+        ("eagle", "chat", "an open question", sizes.spec_chat_tokens),
+    )
+    rows: list[Comparison] = []
+    bars: dict[str, dict[str, float]] = {}
+    data: dict[str, Any] = {}
+    for method, workload, task, max_tokens in cases:
+        requests = [replace(r, max_tokens=max_tokens) for r in load_workload(workload)]
+        off, off_tokens = _speculation_run(ctx, requests, workload, speculative_method=None)
+        on, on_tokens = _speculation_run(ctx, requests, workload, speculative_method=method)
+        match = off_tokens == on_tokens
+        bars[f"{method} on {workload}"] = {
+            "off": off.output_tokens_per_s,
+            "on": on.output_tokens_per_s,
+        }
+        data[method] = {"workload": workload, "off": off, "on": on, "outputs_match": match}
+        technique = f"speculative decoding ({method})"
+        rows += [
+            Comparison(
+                technique,
+                f"output tok/s, one stream, `{workload}` ({task}, {max_tokens} tokens); "
+                f"greedy outputs identical: {_yes_no(match)}",
+                "tok/s",
+                "off",
+                off.output_tokens_per_s,
+                method,
+                on.output_tokens_per_s,
+                higher_is_better=True,
+            ),
+            Comparison(
+                technique,
+                "TPOT, mean time per output token after the first (decode only)",
+                "ms",
+                "off",
+                off.tpot_ms.mean,
+                method,
+                on.tpot_ms.mean,
+                higher_is_better=False,
+            ),
+            Comparison(
+                technique,
+                "mean accepted length: tokens emitted per verify step (a plain step: 1)",
+                "tok",
+                "off",
+                1.0,
+                method,
+                on.spec_mean_accepted_length,
+                higher_is_better=True,
+            ),
+            Comparison(
+                technique,
+                "drafts accepted (acceptance rate; off drafts nothing)",
+                "%",
+                "off",
+                0.0,
+                method,
+                on.spec_acceptance_rate,
+                higher_is_better=True,
+            ),
+        ]
+    plot = bar_plot(
+        ctx.out_dir / "speculative_single_stream.png",
+        "Single-stream output tokens/s, speculative decoding off and on",
+        "output tokens/s",
+        bars,
+    )
+    return Experiment(rows, data, plot)
+
+
+SPECULATIVE_BATCH_METHOD = "ngram"  # free to draft, so its cost in a batch is all verification
+
+
+def speculative_batch(ctx: AblateContext) -> Experiment:
+    """In a big batch the forward pass is bound by arithmetic, not by reading weights, so every
+    draft row verified slows every request in it; the default policy switches speculation off
+    above `speculative_disable_batch_size` running requests."""
+    sizes = ctx.sizes
+    requests = random_requests(
+        2, sizes.spec_batch_requests, sizes.spec_batch_prompt_len, sizes.spec_batch_max_tokens
+    )
+    method = SPECULATIVE_BATCH_METHOD
+    default_limit = ctx.base.speculative_disable_batch_size
+    variants: dict[str, dict[str, Any]] = {
+        "off": {"speculative_method": None},
+        "forced on": {
+            "speculative_method": method,
+            "speculative_disable_batch_size": len(requests),
+        },
+        "default policy": {
+            "speculative_method": method,
+            "speculative_disable_batch_size": default_limit,
+        },
+    }
+    results: dict[str, ThroughputResult] = {}
+    tokens: dict[str, dict[tuple[int, ...], list[int]]] = {}
+    for name, switches in variants.items():
+        results[name], tokens[name] = _speculation_run(
+            ctx, requests, "random batch", max_num_seqs=len(requests), **switches
+        )
+    match = {name: tokens[name] == tokens["off"] for name in ("forced on", "default policy")}
+    (shortest, longest), (fewest, most) = sizes.spec_batch_prompt_len, sizes.spec_batch_max_tokens
+    workload = (
+        f"{len(requests)} requests at once: random-token prompts of {shortest}-{longest} "
+        f"tokens, {fewest}-{most} new tokens each"
+    )
+    plot = bar_plot(
+        ctx.out_dir / "speculative_batch.png",
+        f"Output tokens/s, {len(requests)} requests at once, {method} speculation",
+        "output tokens/s",
+        {
+            f"{method}, {len(requests)} requests": {
+                n: r.output_tokens_per_s for n, r in results.items()
+            }
+        },
+    )
+    off = results["off"].output_tokens_per_s
+    technique = f"speculative decoding ({method}, batch)"
+    rows = [
+        Comparison(
+            technique,
+            f"output tok/s, {workload}; speculation forced on for every request "
+            f"(disable batch size {len(requests)}); "
+            f"greedy outputs identical: {_yes_no(match['forced on'])}",
+            "tok/s",
+            "off",
+            off,
+            "forced on",
+            results["forced on"].output_tokens_per_s,
+            higher_is_better=True,
+        ),
+        Comparison(
+            technique,
+            f"output tok/s, the same batch; the default policy: off while more than "
+            f"{default_limit} requests run; "
+            f"greedy outputs identical: {_yes_no(match['default policy'])}",
+            "tok/s",
+            "off",
+            off,
+            "default policy",
+            results["default policy"].output_tokens_per_s,
+            higher_is_better=True,
+        ),
+    ]
+    data = {"method": method, "results": results, "outputs_match": match}
+    return Experiment(rows, data, plot)
+
+
+def _speculation_run(
+    ctx: AblateContext, requests: list[BenchRequest], workload: str, **switches: Any
+) -> tuple[ThroughputResult, dict[tuple[int, ...], list[int]]]:
+    """One greedy pass on a fresh engine: its numbers and every request's output tokens. The
+    EAGLE head is the shipped one and the other switches are the base's."""
+    engine = ctx.engine(kv_cache="paged", draft_model=None, **switches)
+    finished = FinishedTokens()
+    method = switches["speculative_method"] or "no speculation"
+    result = run_throughput(engine, requests, f"{workload} ({method})", on_step=finished)
+    return result, finished.by_prompt
+
+
+def _yes_no(flag: bool) -> str:
+    return "yes" if flag else "NO"
+
+
 def _batch_requests(sizes: AblateSizes) -> list[BenchRequest]:
     return random_requests(1, sizes.batch_requests, sizes.batch_prompt_len, sizes.batch_max_tokens)
 
@@ -537,6 +742,8 @@ EXPERIMENTS: dict[str, Callable[[AblateContext], Experiment]] = {
     "prefix-caching": prefix_caching,
     "chunked-prefill": chunked_prefill,
     "kv-memory": kv_memory,
+    "speculative": speculative,
+    "speculative-batch": speculative_batch,
 }
 
 

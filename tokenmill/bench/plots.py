@@ -1,4 +1,4 @@
-"""PNG charts for the ablation: one line chart per technique, series side by side.
+"""PNG charts for the ablation: one chart per technique, series side by side.
 
 matplotlib's object API (Figure, no pyplot) draws without a display or global backend state.
 """
@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 Series = dict[str, tuple[list[float], list[float]]]
+Bars = dict[str, dict[str, float]]
 
 
 def line_plot(
@@ -32,11 +34,33 @@ def line_plot(
             markersize=3,
             drawstyle="steps-post" if steps else "default",
         )
-    axes.set_title(title)
     axes.set_xlabel(xlabel)
+    axes.grid(alpha=0.3)
+    return _save(figure, axes, path, title, ylabel)
+
+
+def bar_plot(path: Path, title: str, ylabel: str, groups: Bars) -> Path:
+    """`groups` maps a group's label on the x axis to {legend label: bar height}; every group
+    has the same legend labels, drawn side by side in that order."""
+    labels = list(next(iter(groups.values())))
+    width = 0.8 / len(labels)
+    figure = Figure(figsize=(7.0, 4.2), dpi=110)
+    axes = figure.subplots()
+    for index, label in enumerate(labels):
+        offset = (index - (len(labels) - 1) / 2) * width
+        heights = [bars[label] for bars in groups.values()]
+        axes.bar([g + offset for g in range(len(groups))], heights, width, label=label)
+    axes.set_xticks(range(len(groups)), list(groups))
+    tallest = max(height for bars in groups.values() for height in bars.values())
+    axes.set_ylim(top=1.4 * tallest or 1.0)  # headroom for the legend
+    axes.grid(alpha=0.3, axis="y")
+    return _save(figure, axes, path, title, ylabel)
+
+
+def _save(figure: Figure, axes: Axes, path: Path, title: str, ylabel: str) -> Path:
+    axes.set_title(title)
     axes.set_ylabel(ylabel)
     axes.set_ylim(bottom=0)
-    axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from tokenmill.config import EngineArgs, parse_dtype
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.outputs import RequestOutput
@@ -24,6 +26,9 @@ from tokenmill.engine.scheduler import Scheduler, SchedulerOutput
 from tokenmill.kv.kv_manager import KVCacheManager
 from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.sampling.params import SamplingParams
+from tokenmill.spec.draft_model import DraftModelProposer
+from tokenmill.spec.eagle import EagleProposer
+from tokenmill.spec.proposer import Proposer
 from tokenmill.spec.setup import build_proposer, load_draft, speculation_policy
 
 PromptInput = str | list[int] | Mapping[str, Any]
@@ -41,7 +46,7 @@ class LLMEngine:
             args.max_model_len or config.max_position_embeddings, config.max_position_embeddings
         )
         draft = load_draft(args, self.loaded, dtype, self.max_model_len)
-        self.kv_bytes_per_token = kv_bytes_per_token(config, dtype) + (
+        self.kv_bytes_per_token = kv_bytes_per_token(config, dtype, args.kv_cache_dtype) + (
             0 if draft is None else draft.kv_bytes_per_token(dtype)
         )
         self.num_blocks = int(args.kv_cache_memory) // (self.kv_bytes_per_token * args.block_size)
@@ -64,7 +69,9 @@ class LLMEngine:
                 enable_prefix_caching=args.enable_prefix_caching and reserve is None,
                 reserve_tokens=reserve,
             )
-            kv_caches = allocate_kv_caches(config, self.num_blocks, args.block_size, dtype)
+            kv_caches = allocate_kv_caches(
+                config, self.num_blocks, args.block_size, dtype, args.kv_cache_dtype
+            )
         self.kv_manager = kv_manager
         self.scheduler = Scheduler(
             kv_manager,
@@ -74,11 +81,13 @@ class LLMEngine:
             static_batching=args.scheduler == "static",
             speculation=speculation_policy(args),
         )
+        proposer = build_proposer(args, draft, kv_caches, self.num_blocks)
         self.runner = ModelRunner(
             self.loaded.model,
             kv_caches,
             args.block_size,
-            proposer=build_proposer(args, draft, kv_caches, self.num_blocks),
+            proposer=proposer,
+            drafter_kv_caches=_drafter_kv_caches(proposer),
         )
         self.output_processor = OutputProcessor(self.tokenizer)
 
@@ -112,6 +121,8 @@ class LLMEngine:
             )
             for index in range(params.n)
         ]
+        for sibling in children[1:]:  # they fork the first one's prompt KV (see Scheduler)
+            sibling.parent_request_id = children[0].request_id
         self.output_processor.add(request_id, text, children)
         for child in children:
             self.scheduler.add_request(child)
@@ -199,9 +210,19 @@ class LLMEngine:
             )
 
 
+def _drafter_kv_caches(proposer: Proposer | None) -> list[torch.Tensor]:
+    """A drafter's own paged KV (a draft model's, an EAGLE head's): a block copied on write is
+    copied there too. An early-exit draft's KV is the target's own, already copied."""
+    if isinstance(proposer, EagleProposer):
+        return [proposer.kv_cache]
+    if isinstance(proposer, DraftModelProposer) and not proposer.draft.shares_target_kv:
+        return list(proposer.kv_caches)
+    return []
+
+
 def _child_params(params: SamplingParams, index: int) -> SamplingParams:
     """Each of the n samples gets its own seed (seed + index), so seeded samples differ. Only
-    the first scores the shared prompt; the others may then take it from the prefix cache."""
+    the first (the parent, which computes the prompt the others fork) scores the prompt."""
     if params.n == 1:
         return params
     seed = None if params.seed is None else params.seed + index

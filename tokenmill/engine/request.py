@@ -82,6 +82,7 @@ class Request:
     block_hashes: list[int] = field(default_factory=list)  # of each full block, in order
     spec_token_ids: list[int] = field(default_factory=list)  # drafts proposed after the last step
     num_speculative_tokens: int = 0  # how many to draft next; adapts to the acceptance
+    parent_request_id: str | None = None  # an n > 1 sibling whose computed prompt KV this forks
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.monotonic()))
 
     def __post_init__(self) -> None:

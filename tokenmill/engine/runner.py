@@ -10,6 +10,7 @@ next ones.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +18,7 @@ from torch import nn
 
 from tokenmill.config import ModelConfig
 from tokenmill.engine.scheduler import ScheduledRequest, SchedulerOutput
+from tokenmill.kv.quantized import KVCache, allocate_kv_cache, copy_cache_blocks, kv_head_bytes
 from tokenmill.model.attention import AttentionMetadata
 from tokenmill.sampling.sampler import (
     Sampler,
@@ -43,10 +45,19 @@ class RunnerOutput:
 
 
 def allocate_kv_caches(
-    config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype
-) -> list[torch.Tensor]:
-    shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
-    return [torch.zeros(shape, dtype=dtype) for _ in range(config.num_hidden_layers)]
+    config: ModelConfig,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    kv_cache_dtype: str = "auto",
+) -> list[KVCache]:
+    """One cache per layer: `[2, num_blocks, block_size, kv_heads, d]` in `dtype` ("auto"), or
+    int8 / fp8 codes with their scales."""
+    heads, head_dim = config.num_key_value_heads, config.head_dim
+    return [
+        allocate_kv_cache(kv_cache_dtype, num_blocks, block_size, heads, head_dim, dtype)
+        for _ in range(config.num_hidden_layers)
+    ]
 
 
 def slot_mapping(block_ids: list[int], block_size: int, start: int, stop: int) -> list[int]:
@@ -54,23 +65,28 @@ def slot_mapping(block_ids: list[int], block_size: int, start: int, stop: int) -
     return [block_ids[p // block_size] * block_size + p % block_size for p in range(start, stop)]
 
 
-def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x element size."""
-    element = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * element
+def kv_bytes_per_token(
+    config: ModelConfig, dtype: torch.dtype, kv_cache_dtype: str = "auto"
+) -> int:
+    """2 (K and V) x layers x kv_heads x (head_dim x element size, + a scale when quantized)."""
+    per_head = kv_head_bytes(kv_cache_dtype, config.head_dim, dtype)
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * per_head
 
 
 class ModelRunner:
     def __init__(
         self,
         model: nn.Module,
-        kv_caches: list[torch.Tensor] | None,
+        kv_caches: list[KVCache] | None,
         block_size: int,
         proposer: Proposer | None = None,
+        drafter_kv_caches: Sequence[KVCache] = (),
     ) -> None:
-        """`kv_caches=None` runs without a KV cache: the scheduler then sends whole sequences."""
+        """`kv_caches=None` runs without a KV cache: the scheduler then sends whole sequences.
+        `drafter_kv_caches`: a drafter's own KV, addressed through the same block ids."""
         self.model = model
         self.kv_caches = kv_caches
+        self.paged_caches = [*(kv_caches or ()), *drafter_kv_caches]
         self.block_size = block_size
         self.sampler = Sampler()
         self.rejection_sampler = RejectionSampler()
@@ -79,6 +95,8 @@ class ModelRunner:
         self._prompt_logprobs_done: dict[str, int] = {}  # prompt positions already scored
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        if out.block_copies:
+            self.copy_blocks(out.block_copies)
         if not out.scheduled:
             return RunnerOutput()
         input_ids: list[int] = []
@@ -163,6 +181,15 @@ class ModelRunner:
                     logits[row : row + len(tokens)], tokens, num_top
                 )
             row += 1 + len(item.spec_token_ids)
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write: each (src, dst) block's K and V (and a quantized cache's scales), in
+        every layer of every paged cache, by one index copy per tensor. The sources are gathered
+        before any destination is written."""
+        src = torch.tensor([pair[0] for pair in copies], dtype=torch.long)
+        dst = torch.tensor([pair[1] for pair in copies], dtype=torch.long)
+        for cache in self.paged_caches:
+            copy_cache_blocks(cache, src, dst)
 
     def release(self, request_id: str) -> None:
         """Forget a finished request's random generator and prompt-logprob progress."""

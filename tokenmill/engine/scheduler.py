@@ -10,6 +10,17 @@ With speculative decoding, a chunk that reaches a request's last token also carr
 proposed after the previous step; the runner verifies them, and `update` keeps the accepted
 ones and rolls the rest back. Slots for drafts are only taken when the pool has room for them:
 speculation never preempts anybody.
+
+The n samples of one prompt compute it once. The first child (the parent) is admitted like any
+request; each sibling waits, without holding up the queue behind it, until the parent has
+computed all of the prompt but its last token, then forks: it takes references on the parent's
+blocks holding those tokens, the partial last one included, and starts with them computed. It
+then computes the last prompt token itself, as a one-token step: its first sample needs that
+position's logits, and recomputing them costs one decode token where sharing the parent's logits
+row would make the runner sample one row for several requests. That write lands in the shared
+partial block, so the KV manager copies the block first (copy-on-write) and the step's
+`block_copies` tell the runner to copy its KV. Siblings fork only under continuous batching with
+a paged cache; otherwise they compute the prompt like any request (prefix-cache hits included).
 """
 
 from __future__ import annotations
@@ -46,6 +57,7 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) copy-on-write
 
     @property
     def num_tokens(self) -> int:
@@ -128,6 +140,8 @@ class Scheduler:
             out.scheduled.append(self._scheduled(request, num_new, plan))
         if not out.preempted and not self.static_batching:
             self._admit_waiting(budget, out, speculate)
+        if self.kv is not None:
+            out.block_copies = self.kv.take_block_copies()
         return out
 
     def update(
@@ -236,8 +250,12 @@ class Scheduler:
         self._push_waiting(request)
 
     def _admit_waiting(self, budget: int, out: SchedulerOutput, speculate: bool) -> None:
+        awaiting_parent: list[tuple[int, int, Request]] = []
         while self._waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self._waiting[0][2]
+            if self._awaits_parent(request):
+                awaiting_parent.append(heapq.heappop(self._waiting))
+                continue
             cached = self._take_cached_prefix(request)
             num_new = self._tokens_to_compute(request, budget)
             plan = self._plan_speculation(request, num_new, budget, speculate)
@@ -254,6 +272,8 @@ class Scheduler:
             self._start(request)
             budget -= num_new + len(plan.drafts)
             out.scheduled.append(self._scheduled(request, num_new, plan))
+        for entry in awaiting_parent:
+            heapq.heappush(self._waiting, entry)
 
     def _plan_speculation(
         self, request: Request, num_new: int, budget: int, speculate: bool
@@ -288,13 +308,44 @@ class Scheduler:
             self._start(request)
 
     def _take_cached_prefix(self, request: Request) -> list[KVBlock]:
-        """The cached leading blocks a waiting request can reuse; counts them as computed.
+        """The leading blocks a waiting request can reuse, counted as computed: the longer of
+        its cached full blocks and, for a sibling, its parent's prompt but the last token.
         None for a request that wants prompt logprobs: each prompt position must be computed."""
         if self.kv is None or request.params.prompt_logprobs is not None:
             return []
         cached = self.kv.find_cached_prefix(request)
         request.num_computed_tokens = len(cached) * self.kv.block_size
-        return cached
+        parent = self._fork_parent(request)
+        num_shared = request.num_prompt_tokens - 1
+        if (
+            parent is None
+            or parent.status != RequestStatus.RUNNING
+            or not parent.num_computed_tokens >= num_shared > request.num_computed_tokens
+        ):
+            return cached
+        request.num_computed_tokens = num_shared
+        return self.kv.shared_prompt(parent, num_shared)
+
+    def _fork_parent(self, request: Request) -> Request | None:
+        """The unfinished parent a sibling may fork its prompt from, if forking applies: not
+        under static batching (the whole batch is admitted before anything is computed) and
+        not with the contiguous baseline (whose requests each reserve their own span)."""
+        if (
+            request.parent_request_id is None
+            or self.static_batching
+            or self.kv is None
+            or self.kv.reserve_tokens is not None
+        ):
+            return None
+        return self._requests.get(request.parent_request_id)
+
+    def _awaits_parent(self, request: Request) -> bool:
+        """Whether a sibling should wait for its parent to compute the prompt (all of it but
+        the last token) rather than compute the prompt itself."""
+        parent = self._fork_parent(request)
+        if parent is None:
+            return False
+        return parent.num_computed_tokens < request.num_prompt_tokens - 1
 
     def _start(self, request: Request) -> None:
         heapq.heappop(self._waiting)

@@ -116,11 +116,24 @@ def paged_decode_attention_reference(
 ) -> torch.Tensor:
     """Gather each sequence's blocks, then one batched SDPA. The query heads sharing a KV head
     are passed as that head's "query positions", so grouped-query attention never repeats K/V."""
+    keys, values = (gather_blocks(cache, block_tables) for cache in kv_cache)
+    return _decode_sdpa(q, keys, values, seq_lens, scale, window)
+
+
+def _decode_sdpa(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
+    """The references' attention once K and V are gathered, `[B * max_blocks * block_size,
+    kv_heads, d]` each: every sequence's first seq_lens[b] rows (its last `window` of them)."""
     batch, num_heads, head_dim = q.shape
-    num_kv_heads = kv_cache.shape[-2]
+    num_kv_heads = keys.shape[-2]
     keys, values = (
-        gather_blocks(cache, block_tables).view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
-        for cache in kv_cache
+        t.view(batch, -1, num_kv_heads, head_dim).transpose(1, 2) for t in (keys, values)
     )  # [B, kv_heads, max_blocks * block_size, d]
     position = torch.arange(keys.shape[2])
     lens = seq_lens.reshape(-1, 1).cpu()
@@ -138,12 +151,147 @@ def paged_decode_attention_reference(
     return out.reshape(batch, num_heads, head_dim)
 
 
+def store_kv(
+    kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """Writes k and v [T, kv_heads, d] into the cache [2, num_blocks, block_size, kv_heads, d]
+    at their flat slots (`slot = block * block_size + offset`, int64 [T]). k and v may be
+    strided views (column slices of the merged qkv output) whose heads are contiguous."""
+    if _NATIVE is None or not (
+        slot_mapping.dtype == torch.int64
+        and kv_cache.is_contiguous()
+        and k.stride(-1) == 1
+        and v.stride(-1) == 1
+        and _native_friendly((kv_cache, k, v))
+    ):
+        store_kv_reference(kv_cache, slot_mapping, k, v)
+        return
+    _NATIVE.store_kv(kv_cache, slot_mapping, k, v)
+
+
+def store_kv_reference(
+    kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    flat = kv_cache.view(2, -1, *kv_cache.shape[-2:])
+    flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
+    flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+
+
 def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     """Rows of one cache half ([num_blocks, block_size, kv_heads, d]) for the given blocks, as
     `[block_ids.numel() * block_size, kv_heads, d]`; index_select on the flattened blocks is
     several times faster than advanced indexing here."""
     flat = cache.view(cache.shape[0], -1).index_select(0, block_ids.reshape(-1).long())
     return flat.view(-1, *cache.shape[-2:])
+
+
+# The quantized KV cache (tokenmill/kv/quantized.py): codes int8 or float8_e4m3fn
+# [2, num_blocks, block_size, kv_heads, d] and fp32 scales [2, num_blocks, block_size, kv_heads],
+# one per token and KV head: codes = x * (qmax / max|x|), rounded (int8: to nearest even, fp8:
+# e4m3's own rounding), scale = max|x| / qmax; a head of zeros gets scale 0 and zero codes.
+KV_CODE_MAX: dict[torch.dtype, float] = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
+
+
+def quantize_kv_reference(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., d] -> (codes [..., d] of `dtype`, fp32 scales [...])."""
+    x = x.float()
+    max_abs = x.abs().amax(dim=-1)
+    # Tensor / tensor, as the native kernel divides: `448.0 / t` would round twice.
+    limit = torch.full_like(max_abs, KV_CODE_MAX[dtype])
+    inverse = torch.where(max_abs > 0, limit / max_abs, torch.zeros_like(max_abs))
+    scaled = (x * inverse[..., None]).clamp(-limit[..., None], limit[..., None])
+    codes = torch.round(scaled) if dtype == torch.int8 else scaled
+    return codes.to(dtype), max_abs / limit
+
+
+def dequantize_kv_reference(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """fp32 codes * scales[..., None]; codes [..., d], scales [...]."""
+    return codes.float() * scales[..., None]
+
+
+def store_kv_quantized(
+    values: torch.Tensor,
+    scales: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+) -> None:
+    """`store_kv` into a quantized cache: each token's k and v heads [T, kv_heads, d] are
+    quantized on their own and written with their scales at their flat slots."""
+    if _NATIVE is None or not (
+        slot_mapping.dtype == torch.int64
+        and values.is_contiguous()
+        and scales.is_contiguous()
+        and k.stride(-1) == 1
+        and v.stride(-1) == 1
+        and _native_friendly((scales, k, v))
+    ):
+        store_kv_quantized_reference(values, scales, slot_mapping, k, v)
+        return
+    _NATIVE.store_kv_quantized(values, scales, slot_mapping, k, v)
+
+
+def store_kv_quantized_reference(
+    values: torch.Tensor,
+    scales: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+) -> None:
+    # As bytes: index_copy_ has no fp8 kernel.
+    flat_values = values.view(torch.uint8).view(2, -1, *values.shape[-2:])
+    flat_scales = scales.view(2, -1, scales.shape[-1])
+    for half, x in enumerate((k, v)):
+        codes, x_scales = quantize_kv_reference(x, values.dtype)
+        flat_values[half].index_copy_(0, slot_mapping, codes.view(torch.uint8))
+        flat_scales[half].index_copy_(0, slot_mapping, x_scales)
+
+
+def gather_blocks_dequantized(
+    codes: torch.Tensor, scales: torch.Tensor, block_ids: torch.Tensor
+) -> torch.Tensor:
+    """`gather_blocks` of one quantized cache half (codes [num_blocks, block_size, kv_heads, d],
+    scales [num_blocks, block_size, kv_heads]), as fp32 `[n * block_size, kv_heads, d]`."""
+    gathered = gather_blocks(codes.view(torch.uint8), block_ids).view(codes.dtype)
+    ids = block_ids.reshape(-1).long()
+    row_scales = scales.view(scales.shape[0], -1).index_select(0, ids).view(-1, scales.shape[-1])
+    return dequantize_kv_reference(gathered, row_scales)
+
+
+def paged_decode_attention_quantized(
+    q: torch.Tensor,
+    values: torch.Tensor,
+    scales: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    """`paged_decode_attention` over a quantized cache. Native reads the 8-bit codes in place
+    and dequantizes them inside the online softmax (code * the token's scale), so a decode
+    streams a quarter of fp32's KV bytes."""
+    if _NATIVE is None or not (
+        values.is_contiguous() and scales.is_contiguous() and _native_friendly((q, scales))
+    ):
+        return paged_decode_attention_quantized_reference(
+            q, values, scales, block_tables, seq_lens, scale, window
+        )
+    return _NATIVE.paged_decode_attention_quantized(
+        q, values, scales, block_tables, seq_lens, scale, window or 0
+    )
+
+
+def paged_decode_attention_quantized_reference(
+    q: torch.Tensor,
+    values: torch.Tensor,
+    scales: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    keys, vals = (gather_blocks_dequantized(values[i], scales[i], block_tables) for i in (0, 1))
+    return _decode_sdpa(q, keys, vals, seq_lens, scale, window)
 
 
 def add_rms_norm(

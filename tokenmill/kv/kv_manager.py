@@ -3,6 +3,12 @@
 `allocate_slots` is the single question the scheduler asks: can this request add N tokens to
 its KV? False means "preempt somebody first". Blocks are taken as tokens arrive, except in the
 contiguous mode, which reserves a whole max-length span up front as the baseline to beat.
+
+Several requests may hold one block: cached prefix blocks, and the prompt blocks an n > 1
+sibling forks from its parent, the last of which may be partial. Before a request writes a slot
+in a block somebody else also holds, `allocate_slots` gives it a private copy (copy-on-write):
+the block table points at a fresh block and `(src, dst)` is recorded for the runner to copy
+before the step's forward pass.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class KVCacheManager:
         self.reserve_tokens = reserve_tokens
         self._tables: dict[str, list[KVBlock]] = {}
         self._num_published: dict[str, int] = {}  # leading blocks already in the prefix cache
+        self._block_copies: list[tuple[int, int]] = []  # (src, dst) owed by this step's writes
 
     def block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self._tables.get(request_id, ())]
@@ -49,23 +56,39 @@ class KVCacheManager:
             hits.append(block)
         return hits
 
+    def shared_prompt(self, parent: Request, num_tokens: int) -> list[KVBlock]:
+        """The parent's blocks holding its first `num_tokens` tokens, for a sibling to take over
+        through `allocate_slots`; the last may be partial, and is copied on its first write."""
+        return self._tables[parent.request_id][: -(-num_tokens // self.block_size)]
+
     def allocate_slots(
         self, request: Request, num_new_tokens: int, cached_prefix: Sequence[KVBlock] = ()
     ) -> bool:
         """Make room for `num_new_tokens` after the request's computed tokens, which include
-        the `cached_prefix` blocks a new request is about to take over."""
+        the `cached_prefix` blocks a new request is about to take over. A shared block the new
+        tokens land in is replaced by a private copy (see `take_block_copies`)."""
         table = self._tables.get(request.request_id, [])
         num_after = request.num_computed_tokens + num_new_tokens
         span = num_after if self.reserve_tokens is None else max(num_after, self.reserve_tokens)
-        needed = -(-span // self.block_size) - len(table) - len(cached_prefix)
+        held = [*table, *cached_prefix]
+        needed = max(-(-span // self.block_size) - len(held), 0)
         revived = sum(1 for block in cached_prefix if block.ref_count == 0)
-        if needed > self.pool.num_free_blocks - revived:
+        shared = self._shared_blocks_written(held, len(table), request, num_after)
+        if needed + len(shared) > self.pool.num_free_blocks - revived:
             return False
         self.pool.acquire(cached_prefix)
-        table = [*table, *cached_prefix, *self.pool.allocate(max(needed, 0))]
+        table = [*held, *self.pool.allocate(needed)]
+        for index in shared:
+            table[index] = self._copy_on_write(table[index])
         self._tables[request.request_id] = table
         self._publish_full_blocks(request, table, num_after)
         return True
+
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        """The (src, dst) block copies the step's writes need, in the order they were made;
+        the runner performs them before the forward pass. Clears the list."""
+        copies, self._block_copies = self._block_copies, []
+        return copies
 
     def trim(self, request: Request, num_tokens: int) -> None:
         """Give back the blocks past the first `num_tokens` slots (never below a contiguous
@@ -75,13 +98,39 @@ class KVCacheManager:
             return
         keep = -(-max(num_tokens, self.reserve_tokens or 0) // self.block_size)
         if keep < len(table):
-            self.pool.release(reversed(table[keep:]))
+            self._release(table[keep:])
             del table[keep:]
 
     def free(self, request: Request) -> None:
         table = self._tables.pop(request.request_id, [])
         self._num_published.pop(request.request_id, None)
-        self.pool.release(reversed(table))
+        self._release(table)
+
+    def _release(self, blocks: list[KVBlock]) -> None:
+        """Drop the references tail-first. A pending copy into a block that goes free (its
+        owner was preempted in the step that copied it) is cancelled: nobody needs it, and the
+        block may be handed out again, even as another copy's destination, before it runs."""
+        self.pool.release(reversed(blocks))
+        if self._block_copies:
+            freed = {block.block_id for block in blocks if block.ref_count == 0}
+            self._block_copies = [pair for pair in self._block_copies if pair[1] not in freed]
+
+    def _shared_blocks_written(
+        self, held: list[KVBlock], num_owned: int, request: Request, num_after: int
+    ) -> list[int]:
+        """Indices of the blocks that slots [num_computed_tokens, num_after) fall in and that
+        another request also holds (counting the reference a taken-over block is about to get)."""
+        if num_after <= request.num_computed_tokens:
+            return []
+        first = request.num_computed_tokens // self.block_size
+        stop = min(-(-num_after // self.block_size), len(held))
+        return [i for i in range(first, stop) if held[i].ref_count + (i >= num_owned) > 1]
+
+    def _copy_on_write(self, block: KVBlock) -> KVBlock:
+        (fresh,) = self.pool.allocate(1)
+        self._block_copies.append((block.block_id, fresh.block_id))
+        self.pool.release([block])
+        return fresh
 
     def _publish_full_blocks(self, request: Request, table: list[KVBlock], num_tokens: int) -> None:
         """Cache the blocks this step fills: their token ids are known before the forward pass

@@ -5,7 +5,9 @@ its new keys and values into the cache slots named there and attends over each s
 blocks. Without a cache (`kv_cache=None`) each sequence's query is its whole context, the
 baseline that recomputes everything every step.
 
-Cache layout per layer: `[2, num_blocks, block_size, num_kv_heads, head_dim]` (K then V).
+Cache layout per layer: `[2, num_blocks, block_size, num_kv_heads, head_dim]` (K then V), a
+tensor in the model dtype or, with `kv_cache_dtype` int8 / fp8, a `QuantizedKVCache` of 8-bit codes
+and per-token scales (tokenmill/kv/quantized.py); only this module tells the two apart.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from torch.nn import functional as F
 
 from tokenmill.kernels import ops
+from tokenmill.kv.quantized import KVCache, QuantizedKVCache
 
 
 @dataclass(frozen=True)
@@ -107,20 +110,11 @@ def _decode_group(
     return DecodeGroup(index, table, lens)
 
 
-def write_kv_cache(
-    kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-) -> None:
-    """Store the step's keys and values at their slots (`slot = block * block_size + offset`)."""
-    flat = kv_cache.view(2, -1, *kv_cache.shape[-2:])
-    flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
-    flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
-
-
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    kv_cache: torch.Tensor | None,
+    kv_cache: KVCache | None,
     meta: AttentionMetadata,
     scale: float,
     window: int | None = None,
@@ -130,7 +124,14 @@ def attention(
     With a sliding `window`, each token sees only itself and the `window - 1` tokens before it.
     """
     if kv_cache is not None and meta.slot_mapping is not None:
-        write_kv_cache(kv_cache, meta.slot_mapping, k, v)
+        if isinstance(kv_cache, QuantizedKVCache):
+            kv_cache.store(meta.slot_mapping, k, v)
+        else:
+            ops.store_kv(kv_cache, meta.slot_mapping, k, v)
+    group = meta.decode
+    if group is not None and not meta.prefills:  # all decodes, in batch order: no scatter
+        assert kv_cache is not None
+        return _decode_attention(q, kv_cache, group, scale, window)
     out = torch.empty_like(q)
     for seg in meta.prefills:
         rows = slice(seg.query_start, seg.query_end)
@@ -141,20 +142,33 @@ def attention(
             context = gather_context(kv_cache, seg.block_table, seg.seq_len)
             seg_k, seg_v = (t.to(q.dtype) for t in context)
         out[rows] = causal_attention(q[rows], seg_k, seg_v, scale, window)
-    if meta.decode is not None:
+    if group is not None:
         assert kv_cache is not None
-        group = meta.decode
-        out[group.token_index] = ops.paged_decode_attention(
-            q[group.token_index], kv_cache, group.block_tables, group.seq_lens, scale, window
+        out[group.token_index] = _decode_attention(
+            q[group.token_index], kv_cache, group, scale, window
         )
     return out
 
 
+def _decode_attention(
+    q: torch.Tensor, kv_cache: KVCache, group: DecodeGroup, scale: float, window: int | None
+) -> torch.Tensor:
+    if isinstance(kv_cache, QuantizedKVCache):
+        return kv_cache.decode_attention(q, group.block_tables, group.seq_lens, scale, window)
+    return ops.paged_decode_attention(
+        q, kv_cache, group.block_tables, group.seq_lens, scale, window
+    )
+
+
 def gather_context(
-    kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
+    kv_cache: KVCache, block_table: torch.Tensor, seq_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sequence's first `seq_len` keys and values, read through its block table."""
-    keys, values = (ops.gather_blocks(cache, block_table) for cache in kv_cache)
+    """A sequence's first `seq_len` keys and values, read through its block table (fp32 from a
+    quantized cache)."""
+    if isinstance(kv_cache, QuantizedKVCache):
+        keys, values = kv_cache.gather(block_table)
+    else:
+        keys, values = (ops.gather_blocks(cache, block_table) for cache in kv_cache)
     return keys[:seq_len], values[:seq_len]
 
 

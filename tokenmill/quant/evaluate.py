@@ -5,6 +5,9 @@ calibrating method has seen: the quantized model's perplexity, and, position by 
 against the unquantized model, KL(P_ref || P_quant) of the next-token distributions and how
 often both put the same token first. Speed is the throughput benchmark's own measurement
 (tokenmill/bench/throughput.py) on its `single` and `batch64` workloads.
+
+A quantized KV cache (`kv_cache_dtype` int8 / fp8) gets rows of its own, on the unquantized
+weights: there every attention score reads the stored 8-bit keys and values.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from tokenmill.bench.throughput import run_throughput
 from tokenmill.bench.workloads import load_workload
 from tokenmill.config import EngineArgs
 from tokenmill.engine.engine import LLMEngine
+from tokenmill.engine.runner import allocate_kv_caches, slot_mapping
 from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.loader.resolve import resolve_model
-from tokenmill.model.attention import AttentionMetadata
+from tokenmill.model.attention import MAX_DECODE_QUERY, AttentionMetadata
 from tokenmill.quant.calibration import split_text, text_fingerprint, token_windows
 from tokenmill.quant.registry import quantization_choices
 
@@ -47,7 +51,7 @@ class Quality:
 
 @dataclass
 class EvalRow:
-    name: str  # the quantization method, or a checkpoint's path
+    name: str  # the quantization method, a checkpoint's path, or "kv-cache int8" / "fp8"
     load_s: float  # loading, calibration included
     quality: Quality
     weight_bytes: int
@@ -107,13 +111,47 @@ def window_log_probs(model: nn.Module, windows: torch.Tensor) -> torch.Tensor:
     return F.log_softmax(logits, dim=-1).view(count, seq_len, -1)
 
 
-def measure_quality(reference: nn.Module, model: nn.Module, windows: torch.Tensor) -> Quality:
+def cached_window_log_probs(
+    model: nn.Module, windows: torch.Tensor, kv_cache_dtype: str, block_size: int = 16
+) -> torch.Tensor:
+    """`window_log_probs` with K and V kept in a paged cache of `kv_cache_dtype`: the first
+    token alone, then chunks of MAX_DECODE_QUERY tokens, which attend token by token through
+    the decode path as generation does, so every score reads keys and values back from it."""
+    count, seq_len = windows.shape
+    blocks = -(-seq_len // block_size)
+    caches = allocate_kv_caches(
+        model.config, count * blocks, block_size, torch.float32, kv_cache_dtype
+    )
+    tables = [list(range(i * blocks, (i + 1) * blocks)) for i in range(count)]
+    logits: list[torch.Tensor] = []
+    start = 0
+    with torch.inference_mode():
+        while start < seq_len:
+            stop = min(start + MAX_DECODE_QUERY, seq_len) if start else 1
+            slots = [s for table in tables for s in slot_mapping(table, block_size, start, stop)]
+            meta = AttentionMetadata.build(
+                [stop - start] * count, [stop] * count, tables, block_size, slots
+            )
+            ids, positions = windows[:, start:stop], torch.arange(start, stop).repeat(count)
+            hidden = model(ids.reshape(-1), positions, caches, meta)
+            logits.append(model.compute_logits(hidden).float().view(count, stop - start, -1))
+            start = stop
+    return F.log_softmax(torch.cat(logits, dim=1), dim=-1)
+
+
+def measure_quality(
+    reference: nn.Module, model: nn.Module, windows: torch.Tensor, kv_cache_dtype: str = "auto"
+) -> Quality:
     """`model`'s perplexity on `windows` [n, seq_len], and its next-token distributions
-    against `reference`'s at every position."""
+    against `reference`'s at every position; with a quantized `kv_cache_dtype`, `model` reads
+    its keys and values from such a cache."""
     nll = kl = agree = 0.0
     for part in windows.split(WINDOWS_PER_PASS):
         ref = window_log_probs(reference, part)
-        ours = ref if model is reference else window_log_probs(model, part)
+        if kv_cache_dtype != "auto":
+            ours = cached_window_log_probs(model, part, kv_cache_dtype)
+        else:
+            ours = ref if model is reference else window_log_probs(model, part)
         nll -= ours[:, :-1].gather(-1, part[:, 1:, None]).sum().item()
         kl += (ref.exp() * (ref - ours)).sum().item()
         agree += (ref.argmax(-1) == ours.argmax(-1)).sum().item()
@@ -147,9 +185,11 @@ def evaluate(
     speed_workloads: tuple[str, ...] = SPEED_WORKLOADS,
     engine_options: dict[str, Any] | None = None,
     on_row: Callable[[EvalRow], None] | None = None,
+    kv_cache_dtypes: tuple[str, ...] = (),
 ) -> EvalReport:
-    """A row for `model` unquantized (the baseline), then one per quantization method of it
-    and one per saved checkpoint, every one measured against the baseline."""
+    """A row for `model` unquantized (the baseline), then one per quantization method of it,
+    one per saved checkpoint and one per quantized KV cache dtype (on the unquantized
+    weights), every one measured against the baseline."""
     options = engine_options or {}
     rows: list[EvalRow] = []
 
@@ -174,6 +214,10 @@ def evaluate(
         record(_measure(name, loaded, load_s, args, reference, windows, speed_workloads))
         del loaded
         gc.collect()
+    for kv_cache_dtype in kv_cache_dtypes:
+        args = EngineArgs(model=model, **{**options, "kv_cache_dtype": kv_cache_dtype})
+        name = f"kv-cache {kv_cache_dtype}"
+        record(_measure(name, reference, 0.0, args, reference, windows, speed_workloads))
     return EvalReport(
         model=model,
         heldout_fingerprint=text_fingerprint(split_text("heldout")),
@@ -195,7 +239,7 @@ def _measure(
     row = EvalRow(
         name=name,
         load_s=load_s,
-        quality=measure_quality(reference.model, loaded.model, windows),
+        quality=measure_quality(reference.model, loaded.model, windows, args.kv_cache_dtype),
         weight_bytes=model_weight_bytes(loaded.model),
         kv_bytes_per_token=LLMEngine(args, loaded=loaded).kv_bytes_per_token,
     )

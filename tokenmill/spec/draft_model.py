@@ -28,6 +28,7 @@ from torch import nn
 from tokenmill.config import ModelConfig
 from tokenmill.engine.runner import allocate_kv_caches, kv_bytes_per_token, slot_mapping
 from tokenmill.engine.scheduler import ScheduledRequest
+from tokenmill.kv.quantized import KVCache
 from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.model.attention import AttentionMetadata
 from tokenmill.model.registry import build_model
@@ -47,11 +48,13 @@ class DraftModel:
         return 0 if self.shares_target_kv else kv_bytes_per_token(self.config, dtype)
 
     def kv_caches(
-        self, target_caches: list[torch.Tensor], num_blocks: int, block_size: int
-    ) -> list[torch.Tensor]:
+        self, target_caches: list[KVCache], num_blocks: int, block_size: int
+    ) -> list[KVCache]:
+        """The target's first layers for an early exit; else caches of its own, in the draft's
+        dtype whatever the target's kv_cache_dtype: a small model's KV costs little."""
         if self.shares_target_kv:
             return target_caches[: self.config.num_hidden_layers]
-        dtype = target_caches[0].dtype
+        dtype = self.model.embed_tokens.weight.dtype
         return allocate_kv_caches(self.config, num_blocks, block_size, dtype)
 
 

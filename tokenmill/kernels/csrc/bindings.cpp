@@ -16,6 +16,15 @@ at::Tensor add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& re
 void rotary_embedding(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,
                       const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor silu_and_mul(const at::Tensor& x);
+void store_kv(const at::Tensor& kv_cache, const at::Tensor& slot_mapping, const at::Tensor& k,
+              const at::Tensor& v);
+void store_kv_quantized(const at::Tensor& values, const at::Tensor& scales,
+                        const at::Tensor& slot_mapping, const at::Tensor& k, const at::Tensor& v);
+at::Tensor paged_decode_attention_quantized(const at::Tensor& q, const at::Tensor& values,
+                                            const at::Tensor& scales,
+                                            const at::Tensor& block_tables,
+                                            const at::Tensor& seq_lens, double scale,
+                                            int64_t window);
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                        int64_t group_size, const std::optional<at::Tensor>& bias);
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
@@ -46,6 +55,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_embedding", &tokenmill::rotary_embedding,
         "GPT-NeoX rotary embedding applied in place to q [T, H, d] and k [T, KVH, d]",
         py::arg("positions"), py::arg("q"), py::arg("k"), py::arg("cos"), py::arg("sin"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("store_kv", &tokenmill::store_kv,
+        "k and v [T, kv_heads, d] into the paged cache's slots (block * block_size + offset)",
+        py::arg("kv_cache"), py::arg("slot_mapping"), py::arg("k"), py::arg("v"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("store_kv_quantized", &tokenmill::store_kv_quantized,
+        "k and v quantized per token and head (int8 or fp8 codes, fp32 scales) into their slots",
+        py::arg("values"), py::arg("scales"), py::arg("slot_mapping"), py::arg("k"), py::arg("v"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("paged_decode_attention_quantized", &tokenmill::paged_decode_attention_quantized,
+        "paged_decode_attention over int8 or fp8 codes dequantized in place by their scales",
+        py::arg("q"), py::arg("values"), py::arg("scales"), py::arg("block_tables"),
+        py::arg("seq_lens"), py::arg("scale"), py::arg("window") = 0,
         py::call_guard<py::gil_scoped_release>());
   m.def("silu_and_mul", &tokenmill::silu_and_mul, "silu(x[..., :F]) * x[..., F:]", py::arg("x"),
         py::call_guard<py::gil_scoped_release>());

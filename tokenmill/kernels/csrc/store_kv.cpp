@@ -1,0 +1,145 @@
+// Stores a step's new keys and values into their slots of a paged KV cache.
+//
+// The torch path costs two dtype casts, a view and two index_copy_ calls per layer, a dozen
+// microseconds of dispatch for a decode's few hundred bytes. Here each token's heads are
+// copied where they lie: k and v are usually column slices of the merged qkv output, so any
+// token and head stride is taken as it comes, as long as each head's d values are contiguous.
+
+#include <ATen/ATen.h>
+#include <c10/util/Float8_e4m3fn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace tokenmill {
+namespace {
+
+// Below this many copied floats (a long prefill chunk) one thread is faster than waking the team.
+constexpr int64_t kParallelMinElements = 1 << 16;
+
+// One head of d floats to 8-bit codes and its scale, exactly as ops.quantize_kv_reference does:
+// codes = x * (qmax / max|x|) clamped to +-qmax, rounded to nearest even (int8) or by e4m3's own
+// rounding (fp8); scale = max|x| / qmax. A head of zeros gets zero codes and scale 0.
+struct Int8Code {
+  using Storage = int8_t;
+  static constexpr float kMax = 127.0f;
+  static Storage encode(float x) { return static_cast<int8_t>(std::nearbyint(x)); }
+};
+
+struct Fp8Code {
+  using Storage = uint8_t;
+  static constexpr float kMax = 448.0f;
+  static Storage encode(float x) { return c10::Float8_e4m3fn(x).x; }
+};
+
+template <typename Code>
+float quantize_head(const float* x, int64_t dim, typename Code::Storage* codes) {
+  float max_abs = 0.0f;
+  for (int64_t i = 0; i < dim; ++i) max_abs = std::max(max_abs, std::fabs(x[i]));
+  const float inverse = max_abs > 0.0f ? Code::kMax / max_abs : 0.0f;
+  for (int64_t i = 0; i < dim; ++i)
+    codes[i] = Code::encode(std::clamp(x[i] * inverse, -Code::kMax, Code::kMax));
+  return max_abs / Code::kMax;
+}
+
+template <typename Code>
+void store_quantized(const at::Tensor& values, const at::Tensor& scales, const int64_t* slot,
+                     const at::Tensor& k, const at::Tensor& v) {
+  const int64_t tokens = k.size(0), heads = k.size(1), dim = k.size(2);
+  const int64_t num_slots = values.size(1) * values.size(2);
+  auto* codes = reinterpret_cast<typename Code::Storage*>(values.data_ptr());
+  float* scale = scales.data_ptr<float>();
+  const float* sources[2] = {k.data_ptr<float>(), v.data_ptr<float>()};
+  const int64_t token_strides[2] = {k.stride(0), v.stride(0)};
+  const int64_t head_strides[2] = {k.stride(1), v.stride(1)};
+#pragma omp parallel for if (tokens * heads * dim >= kParallelMinElements)
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int which = 0; which < 2; ++which)
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t row = (which * num_slots + slot[t]) * heads + h;
+        scale[row] = quantize_head<Code>(
+            sources[which] + t * token_strides[which] + h * head_strides[which], dim,
+            codes + row * dim);
+      }
+}
+
+// Rejects slots outside the cache. Checked before the parallel loop: an exception cannot leave
+// an OpenMP region.
+void check_slots(const int64_t* slot, int64_t tokens, int64_t num_slots, const char* op) {
+  for (int64_t t = 0; t < tokens; ++t)
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, op, ": slot ", slot[t],
+                " is outside the cache's ", num_slots, " slots");
+}
+
+}  // namespace
+
+void store_kv(const at::Tensor& kv_cache, const at::Tensor& slot_mapping, const at::Tensor& k,
+              const at::Tensor& v) {
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
+              "store_kv: kv_cache must be a contiguous [2, blocks, block_size, kv_heads, d]");
+  TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes(), "store_kv: k and v must be [T, kv_heads, d]");
+  const int64_t tokens = k.size(0), heads = k.size(1), dim = k.size(2);
+  TORCH_CHECK(kv_cache.size(3) == heads && kv_cache.size(4) == dim,
+              "store_kv: k's heads and head_dim must match the cache's");
+  for (const at::Tensor* t : {&kv_cache, &k, &v})
+    TORCH_CHECK(t->scalar_type() == at::kFloat, "store_kv: kv_cache, k and v must be float32");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "store_kv: each head must be contiguous");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == tokens,
+              "store_kv: slot_mapping must be int64 with one slot per token");
+  const at::Tensor slots = slot_mapping.contiguous();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t num_slots = kv_cache.size(1) * kv_cache.size(2);
+  check_slots(slot, tokens, num_slots, "store_kv");
+  float* cache = kv_cache.data_ptr<float>();
+  const int64_t row = heads * dim, half = num_slots * row;
+  const float* sources[2] = {k.data_ptr<float>(), v.data_ptr<float>()};
+  const int64_t token_strides[2] = {k.stride(0), v.stride(0)};
+  const int64_t head_strides[2] = {k.stride(1), v.stride(1)};
+#pragma omp parallel for if (tokens * row >= kParallelMinElements)
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int which = 0; which < 2; ++which) {
+      float* dst = cache + which * half + slot[t] * row;
+      const float* src = sources[which] + t * token_strides[which];
+      if (head_strides[which] == dim) {
+        std::memcpy(dst, src, row * sizeof(float));
+      } else {
+        for (int64_t h = 0; h < heads; ++h)
+          std::memcpy(dst + h * dim, src + h * head_strides[which], dim * sizeof(float));
+      }
+    }
+}
+
+// values: int8 or float8_e4m3fn [2, blocks, block_size, kv_heads, d]; scales: float32
+// [2, blocks, block_size, kv_heads]. Each token's k and v heads are quantized on their own.
+void store_kv_quantized(const at::Tensor& values, const at::Tensor& scales,
+                        const at::Tensor& slot_mapping, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(values.dim() == 5 && values.size(0) == 2 && values.is_contiguous(),
+              "store_kv_quantized: values must be a contiguous [2, blocks, block_size, kv_heads, d]");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() &&
+                  scales.sizes() == values.sizes().slice(0, 4),
+              "store_kv_quantized: scales must be a contiguous float32 [2, blocks, block_size, "
+              "kv_heads]");
+  TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes(),
+              "store_kv_quantized: k and v must be [T, kv_heads, d]");
+  TORCH_CHECK(values.size(3) == k.size(1) && values.size(4) == k.size(2),
+              "store_kv_quantized: k's heads and head_dim must match the cache's");
+  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
+              "store_kv_quantized: k and v must be float32");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1,
+              "store_kv_quantized: each head must be contiguous");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == k.size(0),
+              "store_kv_quantized: slot_mapping must be int64 with one slot per token");
+  const at::Tensor slots = slot_mapping.contiguous();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  check_slots(slot, k.size(0), values.size(1) * values.size(2), "store_kv_quantized");
+  if (values.scalar_type() == at::kChar) {
+    store_quantized<Int8Code>(values, scales, slot, k, v);
+  } else {
+    TORCH_CHECK(values.scalar_type() == at::kFloat8_e4m3fn,
+                "store_kv_quantized: values must be int8 or float8_e4m3fn");
+    store_quantized<Fp8Code>(values, scales, slot, k, v);
+  }
+}
+
+}  // namespace tokenmill
