@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -148,32 +149,48 @@ class DraftModelProposer:
 
     def _forward(self, chunks: Sequence[_Chunk]) -> torch.Tensor:
         """Run the draft over the chunks; logits at the last token of each chunk that drafts."""
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        for chunk in chunks:
-            ids += chunk.token_ids
-            positions += range(chunk.start, chunk.end)
-            slots += slot_mapping(chunk.block_ids, self.block_size, chunk.start, chunk.end)
-        meta = AttentionMetadata.build(
-            query_lens=[c.end - c.start for c in chunks],
-            seq_lens=[c.end for c in chunks],
-            block_tables=[c.block_ids for c in chunks],
-            block_size=self.block_size,
-            slot_mapping=slots,
+        ids, positions, meta, rows = paged_chunk_batch(
+            chunks, [c.token_ids for c in chunks], self.block_size
         )
-        hidden = self.draft.model(
-            torch.tensor(ids, dtype=torch.long),
-            torch.tensor(positions, dtype=torch.long),
-            self.kv_caches,
-            meta,
-        )
-        rows, end = [], 0
-        for chunk in chunks:
-            end += chunk.end - chunk.start
-            if chunk.num_to_draft:
-                rows.append(end - 1)
-        return self.draft.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long)])
+        hidden = self.draft.model(ids, positions, self.kv_caches, meta)
+        return self.draft.model.compute_logits(hidden[rows])
+
+
+class PagedChunk(Protocol):
+    """Positions [start, end) of one request that a drafter runs, through its block table."""
+
+    block_ids: list[int]
+    start: int
+    end: int
+    num_to_draft: int
+
+
+def paged_chunk_batch(
+    chunks: Sequence[PagedChunk], token_ids: Sequence[list[int]], block_size: int
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+    """The drafters' flat batch: input ids (`token_ids[i]` for chunk i), their positions, the
+    attention layout writing KV through each chunk's blocks, and the rows of the chunks that
+    draft (each one's last token)."""
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    rows: list[int] = []
+    for chunk, chunk_ids in zip(chunks, token_ids, strict=True):
+        ids += chunk_ids
+        positions += range(chunk.start, chunk.end)
+        slots += slot_mapping(chunk.block_ids, block_size, chunk.start, chunk.end)
+        if chunk.num_to_draft:
+            rows.append(len(positions) - 1)
+    meta = AttentionMetadata.build(
+        query_lens=[c.end - c.start for c in chunks],
+        seq_lens=[c.end for c in chunks],
+        block_tables=[c.block_ids for c in chunks],
+        block_size=block_size,
+        slot_mapping=slots,
+    )
+    as_long = (torch.tensor(x, dtype=torch.long) for x in (ids, positions, rows))
+    input_ids, input_positions, drafting_rows = as_long
+    return input_ids, input_positions, meta, drafting_rows
 
 
 @dataclass

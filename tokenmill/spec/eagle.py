@@ -29,12 +29,13 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from tokenmill.config import ModelConfig
-from tokenmill.engine.runner import allocate_kv_caches, kv_bytes_per_token, slot_mapping
+from tokenmill.engine.runner import allocate_kv_caches, kv_bytes_per_token
 from tokenmill.engine.scheduler import ScheduledRequest
 from tokenmill.loader.model_loader import LoadedModel
 from tokenmill.model.attention import AttentionMetadata
 from tokenmill.model.layers import Linear, RMSNorm, RotaryEmbedding
 from tokenmill.model.llama import LlamaDecoderLayer
+from tokenmill.spec.draft_model import paged_chunk_batch
 from tokenmill.spec.proposer import num_computed_after, token_ids_between
 
 HEADS_DIR = Path(__file__).parent / "heads"
@@ -174,30 +175,12 @@ class EagleProposer:
         """Run the head over the chunks; the predicted feature and draft at the last position
         of each chunk that drafts."""
         drafter = self.drafter
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        for chunk in chunks:
-            ids += chunk.next_token_ids
-            positions += range(chunk.start, chunk.end)
-            slots += slot_mapping(chunk.block_ids, self.block_size, chunk.start, chunk.end)
-        meta = AttentionMetadata.build(
-            query_lens=[c.end - c.start for c in chunks],
-            seq_lens=[c.end for c in chunks],
-            block_tables=[c.block_ids for c in chunks],
-            block_size=self.block_size,
-            slot_mapping=slots,
+        ids, positions, meta, rows = paged_chunk_batch(
+            chunks, [c.next_token_ids for c in chunks], self.block_size
         )
-        embeds = drafter.target.embed_tokens(torch.tensor(ids, dtype=torch.long))
-        out = drafter.head(
-            embeds, features, torch.tensor(positions, dtype=torch.long), self.kv_cache, meta
-        )
-        rows, end = [], 0
-        for chunk in chunks:
-            end += chunk.end - chunk.start
-            if chunk.num_to_draft:
-                rows.append(end - 1)
-        last = out[torch.tensor(rows, dtype=torch.long)]
+        embeds = drafter.target.embed_tokens(ids)
+        out = drafter.head(embeds, features, positions, self.kv_cache, meta)
+        last = out[rows]
         best = (last @ drafter.head_weight.T).argmax(dim=-1)
         return last, drafter.head.draft_vocab[best].tolist()
 
