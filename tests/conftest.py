@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,19 @@ def smollm_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm(smollm_path: Path) -> LoadedModel:
     return load_model(str(smollm_path), torch.float32)
+
+
+@pytest.fixture(scope="session")
+def quantized_smollm(smollm_path: Path) -> Callable[[str], LoadedModel]:
+    """`quantized_smollm("int4")`: the default model loaded with that quantization."""
+    cache: dict[str, LoadedModel] = {}
+
+    def load(method: str) -> LoadedModel:
+        if method not in cache:
+            cache[method] = load_model(str(smollm_path), torch.float32, method)
+        return cache[method]
+
+    return load
 
 
 @pytest.fixture(scope="session")

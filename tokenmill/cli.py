@@ -12,6 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from tokenmill.config import (
+    DECODE_LOOPS,
     DTYPES,
     KV_CACHE_DTYPES,
     KV_CACHE_MODES,
@@ -59,6 +60,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         default=defaults["quantization"].default,
         choices=quantization_choices(),
         help="weight format chosen at load time (docs/quantization.md)",
+    )
+    group.add_argument(
+        "--decode-loop",
+        default=defaults["decode_loop"].default,
+        choices=DECODE_LOOPS,
+        help="native: a decode step's layers in one C++ call; python: layer by layer",
     )
     _add_speculative_args(parser, defaults)
 

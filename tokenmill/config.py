@@ -58,6 +58,7 @@ KV_CACHE_MODES = ("none", "contiguous", "paged")
 # KV head (tokenmill/kv/quantized.py, docs/quantization.md).
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 SCHEDULERS = ("continuous", "static")
+DECODE_LOOPS = ("native", "python")
 SPECULATIVE_METHODS = ("ngram", "draft", "eagle")
 _MEMORY_UNITS = {
     "": 1,
@@ -112,6 +113,9 @@ class EngineArgs:
     max_model_len: int | None = None
     # Weight quantization at load time (docs/quantization.md): "none", "int8", "int4", "gguf".
     quantization: str = "none"
+    # "native": a decode step's layers in one C++ call when every kernel has a native version
+    # (tokenmill/model/decode_loop.py); "python": layer by layer, the baseline.
+    decode_loop: str = "native"
     # Speculative decoding (docs/speculative.md); None is the baseline: one target step a token.
     speculative_method: str | None = None
     num_speculative_tokens: int = 4
@@ -127,6 +131,7 @@ class EngineArgs:
         _one_of("kv_cache", self.kv_cache, KV_CACHE_MODES)
         _one_of("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _one_of("scheduler", self.scheduler, SCHEDULERS)
+        _one_of("decode_loop", self.decode_loop, DECODE_LOOPS)
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             _positive_int(name, getattr(self, name))
         if self.max_model_len is not None:

@@ -88,6 +88,7 @@ class LLMEngine:
             args.block_size,
             proposer=proposer,
             drafter_kv_caches=_drafter_kv_caches(proposer),
+            native_decode_loop=args.decode_loop == "native",
         )
         self.output_processor = OutputProcessor(self.tokenizer)
 

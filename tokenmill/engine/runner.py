@@ -20,6 +20,7 @@ from tokenmill.config import ModelConfig
 from tokenmill.engine.scheduler import ScheduledRequest, SchedulerOutput
 from tokenmill.kv.quantized import KVCache, allocate_kv_cache, copy_cache_blocks, kv_head_bytes
 from tokenmill.model.attention import AttentionMetadata
+from tokenmill.model.decode_loop import NativeDecodeLoop
 from tokenmill.sampling.sampler import (
     Sampler,
     SamplingRow,
@@ -81,11 +82,15 @@ class ModelRunner:
         block_size: int,
         proposer: Proposer | None = None,
         drafter_kv_caches: Sequence[KVCache] = (),
+        native_decode_loop: bool = True,
     ) -> None:
         """`kv_caches=None` runs without a KV cache: the scheduler then sends whole sequences.
-        `drafter_kv_caches`: a drafter's own KV, addressed through the same block ids."""
+        `drafter_kv_caches`: a drafter's own KV, addressed through the same block ids.
+        `native_decode_loop`: run decode steps' layers in one native call where the model and
+        its weights allow (tokenmill/model/decode_loop.py)."""
         self.model = model
         self.kv_caches = kv_caches
+        self.decode_loop = NativeDecodeLoop.build(model, kv_caches) if native_decode_loop else None
         self.paged_caches = [*(kv_caches or ()), *drafter_kv_caches]
         self.block_size = block_size
         self.sampler = Sampler()
@@ -120,10 +125,9 @@ class ModelRunner:
         )
         sampling = [s for s in out.scheduled if s.samples]
         with torch.inference_mode():
-            hidden = self.model(
+            hidden = self._forward(
                 torch.tensor(input_ids, dtype=torch.long),
                 torch.tensor(positions, dtype=torch.long),
-                self.kv_caches,
                 meta,
             )
             output = RunnerOutput(prompt_logprobs=self._prompt_logprobs(out.scheduled, hidden))
@@ -136,6 +140,13 @@ class ModelRunner:
                 output.proposed = self.proposer.propose(out.scheduled, output.sampled, hidden)
                 output.draft_time_s = time.perf_counter() - start_time
         return output
+
+    def _forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        if self.decode_loop is not None and self.decode_loop.applies(meta):
+            return self.decode_loop(input_ids, positions, meta)
+        return self.model(input_ids, positions, self.kv_caches, meta)
 
     def _sample(
         self, sampling: list[ScheduledRequest], logits: torch.Tensor, output: RunnerOutput

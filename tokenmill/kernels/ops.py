@@ -576,6 +576,72 @@ def quantize_activations_reference(
     return values.view(rows, -1), scales, sums
 
 
+# The native decode loop (csrc/decode_loop.cpp): a whole decode step's layers in one call. Each
+# linear layer hands over its weights bound to the skinny kernel that reads them; the loop then
+# makes the same kernel calls as the Python layers, so the two give bit-identical results.
+
+
+def float32_linear_kernel(weight: torch.Tensor, bias: torch.Tensor | None) -> object | None:
+    """The native loop's handle on a float32 linear; None when the native kernels are off or
+    the weights are not contiguous float32."""
+    tensors = (weight,) if bias is None else (weight, bias)
+    usable = all(t.dtype == torch.float32 and t.is_cpu and t.is_contiguous() for t in tensors)
+    if _NATIVE is None or not usable:
+        return None
+    return _NATIVE.LinearKernel.float32(weight, bias)
+
+
+def int8_linear_kernel(
+    qweight: torch.Tensor, scales: torch.Tensor, group_size: int, bias: torch.Tensor | None
+) -> object | None:
+    """The native loop's handle on an int8 linear (the layout of `int8_linear`)."""
+    if _NATIVE is None or not (bias is None or bias.dtype == torch.float32):
+        return None
+    return _NATIVE.LinearKernel.int8(qweight, scales, group_size, bias)
+
+
+def int4_linear_kernel(
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    group_size: int,
+    bias: torch.Tensor | None,
+) -> object | None:
+    """The native loop's handle on an int4 linear (the layout of `int4_linear`)."""
+    if _NATIVE is None or not (bias is None or bias.dtype == torch.float32):
+        return None
+    return _NATIVE.LinearKernel.int4(qweight, scales, mins, group_size, bias)
+
+
+def decoder_layer_weights(
+    input_norm: torch.Tensor,
+    qkv: object,
+    o: object,
+    post_norm: torch.Tensor,
+    gate_up: object,
+    down: object,
+) -> object:
+    """One Llama layer for `llama_decode_loop`; the linears are handles from `*_linear_kernel`."""
+    assert _NATIVE is not None, "decoder layers exist only with the native kernels"
+    return _NATIVE.DecoderLayerWeights(input_norm, qkv, o, post_norm, gate_up, down)
+
+
+def llama_decode_loop(
+    layers: list[object],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+    scale: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> object:
+    """A callable-in-one-go stack of decoder layers: `.run(hidden, positions, kv_caches,
+    kv_scales, slot_mapping, block_tables, seq_lens)` -> (last MLP output, residual)."""
+    assert _NATIVE is not None, "the decode loop exists only with the native kernels"
+    return _NATIVE.LlamaDecodeLoop(layers, num_heads, num_kv_heads, head_dim, eps, scale, cos, sin)
+
+
 def _quantized_fits(x: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """`_native_friendly` for (x, bias), spelled out: it runs for every quantized product."""
     return (

@@ -20,6 +20,10 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.linear(x, self.weight, self.bias)
 
+    def native_kernel(self) -> object | None:
+        """These weights bound to their skinny kernel, for the native decode loop (None: none)."""
+        return ops.float32_linear_kernel(self.weight, self.bias)
+
 
 class RMSNorm(nn.Module):
     """Adds the branch output into the residual stream, then normalises it: one fused call."""

@@ -61,6 +61,11 @@ class Int4Linear(QuantLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.int4_linear(x, self.qweight, self.scales, self.mins, self.group_size, self.bias)
 
+    def native_kernel(self) -> object | None:
+        return ops.int4_linear_kernel(
+            self.qweight, self.scales, self.mins, self.group_size, self.bias
+        )
+
     def dequantize(self) -> torch.Tensor:
         return ops.dequantize_int4(
             self.qweight, self.scales, self.mins, self.group_size, self.in_features

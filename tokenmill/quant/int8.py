@@ -52,6 +52,9 @@ class Int8Linear(QuantLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.int8_linear(x, self.qweight, self.scales, self.kernel_group_size, self.bias)
 
+    def native_kernel(self) -> object | None:
+        return ops.int8_linear_kernel(self.qweight, self.scales, self.kernel_group_size, self.bias)
+
     def dequantize(self) -> torch.Tensor:
         return ops.dequantize_int8(
             self.qweight, self.scales, self.kernel_group_size, self.in_features

@@ -57,6 +57,11 @@ class QuantLinear(nn.Module, ABC):
     @abstractmethod
     def forward(self, x: torch.Tensor) -> torch.Tensor: ...
 
+    def native_kernel(self) -> object | None:
+        """The packed weights bound to their skinny kernel, for the native decode loop; None
+        for a format that has no such kernel (the step then runs layer by layer in Python)."""
+        return None
+
     @abstractmethod
     def dequantize(self) -> torch.Tensor:
         """The fp32 weight [out_features, in_features] the packed tensors stand for."""

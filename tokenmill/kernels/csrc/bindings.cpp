@@ -2,41 +2,8 @@
 
 #include <torch/extension.h>
 
-#include <optional>
-#include <tuple>
-
-namespace tokenmill {
-at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight,
-                         const std::optional<at::Tensor>& bias);
-at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache,
-                                  const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                                  double scale, int64_t window);
-at::Tensor add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
-                        const at::Tensor& weight, double eps);
-void rotary_embedding(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,
-                      const at::Tensor& cos, const at::Tensor& sin);
-at::Tensor silu_and_mul(const at::Tensor& x);
-void store_kv(const at::Tensor& kv_cache, const at::Tensor& slot_mapping, const at::Tensor& k,
-              const at::Tensor& v);
-void store_kv_quantized(const at::Tensor& values, const at::Tensor& scales,
-                        const at::Tensor& slot_mapping, const at::Tensor& k, const at::Tensor& v);
-at::Tensor paged_decode_attention_quantized(const at::Tensor& q, const at::Tensor& values,
-                                            const at::Tensor& scales,
-                                            const at::Tensor& block_tables,
-                                            const at::Tensor& seq_lens, double scale,
-                                            int64_t window);
-at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
-                       int64_t group_size, const std::optional<at::Tensor>& bias);
-at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
-                       const at::Tensor& mins, int64_t group_size,
-                       const std::optional<at::Tensor>& bias);
-at::Tensor dequantize_int8(const at::Tensor& qweight, const at::Tensor& scales,
-                           int64_t group_size, int64_t in_features);
-at::Tensor dequantize_int4(const at::Tensor& qweight, const at::Tensor& scales,
-                           const at::Tensor& mins, int64_t group_size, int64_t in_features);
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x,
-                                                                    int64_t bits);
-}  // namespace tokenmill
+#include "decode_loop.h"
+#include "kernels.h"
 
 // The GIL is released while a kernel runs, as torch's own operators do, so other Python
 // threads (the server's event loop) keep going.
@@ -88,4 +55,29 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_activations", &tokenmill::quantize_activations,
         "float32 rows to int8/int16 blocks of 32: (values, scales, scale * sum of values)",
         py::arg("x"), py::arg("bits"), py::call_guard<py::gil_scoped_release>());
+
+  using tokenmill::LinearKernel;
+  py::class_<LinearKernel>(m, "LinearKernel",
+                           "a linear layer's weights and the skinny kernel that reads them")
+      .def_static("float32", &LinearKernel::float32, py::arg("weight"), py::arg("bias"))
+      .def_static("int8", &LinearKernel::int8, py::arg("qweight"), py::arg("scales"),
+                  py::arg("group_size"), py::arg("bias"))
+      .def_static("int4", &LinearKernel::int4, py::arg("qweight"), py::arg("scales"),
+                  py::arg("mins"), py::arg("group_size"), py::arg("bias"));
+  py::class_<tokenmill::DecoderLayerWeights>(m, "DecoderLayerWeights")
+      .def(py::init<at::Tensor, LinearKernel, LinearKernel, at::Tensor, LinearKernel,
+                    LinearKernel>(),
+           py::arg("input_norm"), py::arg("qkv"), py::arg("o"), py::arg("post_norm"),
+           py::arg("gate_up"), py::arg("down"));
+  py::class_<tokenmill::LlamaDecodeLoop>(m, "LlamaDecodeLoop",
+                                         "every decoder layer of a decode step in one call")
+      .def(py::init<std::vector<tokenmill::DecoderLayerWeights>, int64_t, int64_t, int64_t,
+                    double, double, at::Tensor, at::Tensor>(),
+           py::arg("layers"), py::arg("num_heads"), py::arg("num_kv_heads"),
+           py::arg("head_dim"), py::arg("eps"), py::arg("scale"), py::arg("cos"),
+           py::arg("sin"))
+      .def("run", &tokenmill::LlamaDecodeLoop::run, py::arg("hidden"), py::arg("positions"),
+           py::arg("kv_caches"), py::arg("kv_scales"), py::arg("slot_mapping"),
+           py::arg("block_tables"), py::arg("seq_lens"),
+           py::call_guard<py::gil_scoped_release>());
 }

@@ -1,0 +1,42 @@
+// The native kernels' entry points: bindings.cpp exposes them to Python, and decode_loop.cpp
+// calls them directly, layer after layer, without a trip through Python.
+
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+
+namespace tokenmill {
+at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight,
+                         const std::optional<at::Tensor>& bias);
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                                  double scale, int64_t window);
+at::Tensor add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
+                        const at::Tensor& weight, double eps);
+void rotary_embedding(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,
+                      const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor silu_and_mul(const at::Tensor& x);
+void store_kv(const at::Tensor& kv_cache, const at::Tensor& slot_mapping, const at::Tensor& k,
+              const at::Tensor& v);
+void store_kv_quantized(const at::Tensor& values, const at::Tensor& scales,
+                        const at::Tensor& slot_mapping, const at::Tensor& k, const at::Tensor& v);
+at::Tensor paged_decode_attention_quantized(const at::Tensor& q, const at::Tensor& values,
+                                            const at::Tensor& scales,
+                                            const at::Tensor& block_tables,
+                                            const at::Tensor& seq_lens, double scale,
+                                            int64_t window);
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                       int64_t group_size, const std::optional<at::Tensor>& bias);
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                       const at::Tensor& mins, int64_t group_size,
+                       const std::optional<at::Tensor>& bias);
+at::Tensor dequantize_int8(const at::Tensor& qweight, const at::Tensor& scales,
+                           int64_t group_size, int64_t in_features);
+at::Tensor dequantize_int4(const at::Tensor& qweight, const at::Tensor& scales,
+                           const at::Tensor& mins, int64_t group_size, int64_t in_features);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x,
+                                                                    int64_t bits);
+}  // namespace tokenmill

@@ -1,0 +1,92 @@
+"""The native decode loop: a decode step's decoder layers run in one C++ call.
+
+At batch 1 the kernels of a SmolLM2 decode step take about 10 ms, and driving them from Python
+(module calls, dispatch checks, views: a dozen calls a layer, 30 layers) added 4 to 8 ms more.
+`NativeDecodeLoop` hands the same kernels, the same weights and the same call order to
+csrc/decode_loop.cpp, so the hidden states are bit-identical to the Python layers' and only the
+host overhead goes, as CUDA graphs take it away on GPUs. It covers what the skinny kernels cover:
+Llama-family models whose linears are float32, int8 or int4 (GGUF, GPTQ, AWQ), and steps whose
+tokens all attend to cached context (decodes and short speculative chunks) with at most
+`SKINNY_MAX_ROWS` of them. Anything else runs layer by layer in Python; `decode_loop="python"`
+is the baseline it is measured against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from tokenmill.kernels import ops
+from tokenmill.kv.quantized import KVCache, QuantizedKVCache
+from tokenmill.model.attention import AttentionMetadata
+from tokenmill.model.llama import LlamaForCausalLM
+
+
+class NativeDecodeLoop:
+    def __init__(self, model: LlamaForCausalLM, loop: object, kv_caches: Sequence[KVCache]) -> None:
+        self.model = model
+        self.loop = loop
+        self.kv_values = [c.values if isinstance(c, QuantizedKVCache) else c for c in kv_caches]
+        # Empty for float32 caches; the int8 / fp8 caches' scales, one tensor a layer, otherwise.
+        self.kv_scales = [c.scales for c in kv_caches if isinstance(c, QuantizedKVCache)]
+
+    @classmethod
+    def build(
+        cls, model: nn.Module, kv_caches: Sequence[KVCache] | None
+    ) -> NativeDecodeLoop | None:
+        """The loop for this model and its KV caches, or None when some part of the step has
+        no native kernel (another architecture, a weight format or dtype without one, or the
+        torch kernels)."""
+        if not isinstance(model, LlamaForCausalLM) or not kv_caches:
+            return None
+        layers = []
+        for layer in model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            kernels = [linear.native_kernel() for linear in linears]
+            norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+            if any(k is None for k in kernels) or any(n.dtype != torch.float32 for n in norms):
+                return None
+            qkv, o, gate_up, down = kernels
+            layers.append(ops.decoder_layer_weights(norms[0], qkv, o, norms[1], gate_up, down))
+        config = model.config
+        attn = model.layers[0].self_attn
+        loop = ops.llama_decode_loop(
+            layers,
+            attn.num_heads,
+            attn.num_kv_heads,
+            attn.head_dim,
+            config.rms_norm_eps,
+            attn.scale,
+            attn.rotary.cos,
+            attn.rotary.sin,
+        )
+        return cls(model, loop, kv_caches)
+
+    @staticmethod
+    def applies(meta: AttentionMetadata) -> bool:
+        """Every token attends to cached context (no prefill) and the skinny kernels take them."""
+        return (
+            meta.decode is not None
+            and not meta.prefills
+            and meta.slot_mapping is not None
+            and meta.num_tokens <= ops.SKINNY_MAX_ROWS
+        )
+
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """The model's final hidden states `[num_tokens, hidden]`, as `model(...)` returns them."""
+        assert meta.decode is not None and meta.slot_mapping is not None
+        hidden, residual = self.loop.run(
+            self.model.embed_tokens(input_ids),
+            positions,
+            self.kv_values,
+            self.kv_scales,
+            meta.slot_mapping,
+            meta.decode.block_tables,
+            meta.decode.seq_lens,
+        )
+        return self.model.norm(hidden, residual)[0]
