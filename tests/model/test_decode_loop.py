@@ -72,14 +72,19 @@ def test_speculative_verification_chunks_run_through_the_loop(smollm, monkeypatc
     assert max(seen) > 1  # a request's drafts were verified in one loop call
 
 
-def test_applies_to_decodes_and_short_chunks_over_cache_only():
+def test_applies_to_decodes_and_short_chunks_over_cache_only(smollm, quantized_smollm):
     def meta(query_lens: list[int], seq_lens: list[int]) -> AttentionMetadata:
         tables = [list(range(8))] * len(query_lens)
         return AttentionMetadata.build(query_lens, seq_lens, tables, 16, [0] * sum(query_lens))
 
-    assert NativeDecodeLoop.applies(meta([1, 1, 5], [30, 40, 50]))
-    assert not NativeDecodeLoop.applies(meta([1, 20], [30, 20]))  # a prompt prefill
-    assert not NativeDecodeLoop.applies(meta([1] * 17, [30] * 17))  # beyond the skinny kernels
+    loop = make_engine(smollm, "native").runner.decode_loop
+    assert loop is not None and loop.max_tokens == ops.SKINNY_MAX_ROWS
+    assert loop.applies(meta([1, 1, 5], [30, 40, 50]))
+    assert not loop.applies(meta([1, 20], [30, 20]))  # a prompt prefill
+    assert loop.applies(meta([1] * loop.max_tokens, [30] * loop.max_tokens))
+    assert not loop.applies(meta([1] * 33, [30] * 33))  # beyond the skinny kernels
+    quantized = make_engine(quantized_smollm("gguf"), "native").runner.decode_loop
+    assert quantized is not None and quantized.max_tokens == ops.QUANT_KERNEL_MAX_ROWS
 
 
 def test_stays_off_where_a_kernel_is_missing(smollm, gemma, quantized_smollm, monkeypatch):

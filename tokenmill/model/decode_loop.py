@@ -6,9 +6,9 @@ At batch 1 the kernels of a SmolLM2 decode step take about 10 ms, and driving th
 csrc/decode_loop.cpp, so the hidden states are bit-identical to the Python layers' and only the
 host overhead goes, as CUDA graphs take it away on GPUs. It covers what the skinny kernels cover:
 Llama-family models whose linears are float32, int8 or int4 (GGUF, GPTQ, AWQ), and steps whose
-tokens all attend to cached context (decodes and short speculative chunks) with at most
-`SKINNY_MAX_ROWS` of them. Anything else runs layer by layer in Python; `decode_loop="python"`
-is the baseline it is measured against.
+tokens all attend to cached context (decodes and short speculative chunks), as many as its
+kernels take (32 with float32 weights, 16 with int8 / int4). Anything else runs layer by layer in
+Python; `decode_loop="python"` is the baseline it is measured against.
 """
 
 from __future__ import annotations
@@ -25,9 +25,16 @@ from tokenmill.model.llama import LlamaForCausalLM
 
 
 class NativeDecodeLoop:
-    def __init__(self, model: LlamaForCausalLM, loop: object, kv_caches: Sequence[KVCache]) -> None:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        loop: object,
+        kv_caches: Sequence[KVCache],
+        max_tokens: int,
+    ) -> None:
         self.model = model
         self.loop = loop
+        self.max_tokens = max_tokens  # the most tokens a step may have to run here
         self.kv_values = [c.values if isinstance(c, QuantizedKVCache) else c for c in kv_caches]
         # Empty for float32 caches; the int8 / fp8 caches' scales, one tensor a layer, otherwise.
         self.kv_scales = [c.scales for c in kv_caches if isinstance(c, QuantizedKVCache)]
@@ -42,6 +49,7 @@ class NativeDecodeLoop:
         if not isinstance(model, LlamaForCausalLM) or not kv_caches:
             return None
         layers = []
+        max_tokens = ops.SKINNY_MAX_ROWS
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
@@ -49,6 +57,7 @@ class NativeDecodeLoop:
             norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
             if any(k is None for k in kernels) or any(n.dtype != torch.float32 for n in norms):
                 return None
+            max_tokens = min(max_tokens, *(ops.linear_kernel_max_rows(k) for k in kernels))
             qkv, o, gate_up, down = kernels
             layers.append(ops.decoder_layer_weights(norms[0], qkv, o, norms[1], gate_up, down))
         config = model.config
@@ -63,16 +72,15 @@ class NativeDecodeLoop:
             attn.rotary.cos,
             attn.rotary.sin,
         )
-        return cls(model, loop, kv_caches)
+        return cls(model, loop, kv_caches, max_tokens)
 
-    @staticmethod
-    def applies(meta: AttentionMetadata) -> bool:
+    def applies(self, meta: AttentionMetadata) -> bool:
         """Every token attends to cached context (no prefill) and the skinny kernels take them."""
         return (
             meta.decode is not None
             and not meta.prefills
             and meta.slot_mapping is not None
-            and meta.num_tokens <= ops.SKINNY_MAX_ROWS
+            and meta.num_tokens <= self.max_tokens
         )
 
     def __call__(

@@ -60,6 +60,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<LinearKernel>(m, "LinearKernel",
                            "a linear layer's weights and the skinny kernel that reads them")
       .def_static("float32", &LinearKernel::float32, py::arg("weight"), py::arg("bias"))
+      .def_property_readonly("kind",
+                             [](const LinearKernel& k) {
+                               switch (k.kind) {
+                                 case LinearKernel::Kind::kInt8:
+                                   return "int8";
+                                 case LinearKernel::Kind::kInt4:
+                                   return "int4";
+                                 default:
+                                   return "float32";
+                               }
+                             })
       .def_static("int8", &LinearKernel::int8, py::arg("qweight"), py::arg("scales"),
                   py::arg("group_size"), py::arg("bias"))
       .def_static("int4", &LinearKernel::int4, py::arg("qweight"), py::arg("scales"),
