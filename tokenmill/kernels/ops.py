@@ -627,29 +627,52 @@ def decoder_layer_weights(
     input_norm: torch.Tensor,
     qkv: object,
     o: object,
-    post_norm: torch.Tensor,
+    mlp_norm: torch.Tensor,
     gate_up: object,
     down: object,
+    rotary: tuple[torch.Tensor, torch.Tensor],
+    window: int | None,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    attention_out_norm: torch.Tensor | None = None,
+    mlp_out_norm: torch.Tensor | None = None,
 ) -> object:
-    """One Llama layer for `llama_decode_loop`; the linears are handles from `*_linear_kernel`."""
+    """One decoder layer for `decode_loop`: the linears are handles from `*_linear_kernel`,
+    `rotary` its (cos, sin) tables, `window` its sliding window; the last four are Gemma 3's
+    extra norms (None for Llama)."""
     assert _NATIVE is not None, "decoder layers exist only with the native kernels"
-    return _NATIVE.DecoderLayerWeights(input_norm, qkv, o, post_norm, gate_up, down)
+    cos, sin = rotary
+    return _NATIVE.DecoderLayerWeights(
+        input_norm,
+        qkv,
+        o,
+        mlp_norm,
+        gate_up,
+        down,
+        cos,
+        sin,
+        window or 0,
+        q_norm,
+        k_norm,
+        attention_out_norm,
+        mlp_out_norm,
+    )
 
 
-def llama_decode_loop(
+def decode_loop(
     layers: list[object],
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
     eps: float,
     scale: float,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
+    activation: str,
 ) -> object:
-    """A callable-in-one-go stack of decoder layers: `.run(hidden, positions, kv_caches,
-    kv_scales, slot_mapping, block_tables, seq_lens)` -> (last MLP output, residual)."""
+    """A stack of decoder layers run in one call, `activation` "silu" or "gelu_tanh":
+    `.run(hidden, positions, kv_caches, kv_scales, slot_mapping, block_tables, seq_lens)` ->
+    (last layer's output, residual)."""
     assert _NATIVE is not None, "the decode loop exists only with the native kernels"
-    return _NATIVE.LlamaDecodeLoop(layers, num_heads, num_kv_heads, head_dim, eps, scale, cos, sin)
+    return _NATIVE.DecodeLoop(layers, num_heads, num_kv_heads, head_dim, eps, scale, activation)
 
 
 def _quantized_fits(x: torch.Tensor, bias: torch.Tensor | None) -> bool:

@@ -5,7 +5,8 @@ At batch 1 the kernels of a SmolLM2 decode step take about 10 ms, and driving th
 `NativeDecodeLoop` hands the same kernels, the same weights and the same call order to
 csrc/decode_loop.cpp, so the hidden states are bit-identical to the Python layers' and only the
 host overhead goes, as CUDA graphs take it away on GPUs. It covers what the skinny kernels cover:
-Llama-family models whose linears are float32, int8 or int4 (GGUF, GPTQ, AWQ), and steps whose
+Llama-family and Gemma 3 models whose linears are float32, int8 or int4 (GGUF, GPTQ, AWQ), with
+Gemma's extra norms, sliding windows and tanh-GELU done the Python layers' way; and steps whose
 tokens all attend to cached context (decodes and short speculative chunks), as many as its
 kernels take (32 with float32 weights, 16 with int8 / int4). Anything else runs layer by layer in
 Python; `decode_loop="python"` is the baseline it is measured against.
@@ -21,13 +22,17 @@ from torch import nn
 from tokenmill.kernels import ops
 from tokenmill.kv.quantized import KVCache, QuantizedKVCache
 from tokenmill.model.attention import AttentionMetadata
-from tokenmill.model.llama import LlamaForCausalLM
+from tokenmill.model.gemma3 import Gemma3DecoderLayer, Gemma3ForCausalLM
+from tokenmill.model.llama import LlamaDecoderLayer, LlamaForCausalLM
+
+# The gated MLP activations the native loop knows, by their config names.
+ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 class NativeDecodeLoop:
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: LlamaForCausalLM | Gemma3ForCausalLM,
         loop: object,
         kv_caches: Sequence[KVCache],
         max_tokens: int,
@@ -46,33 +51,22 @@ class NativeDecodeLoop:
         """The loop for this model and its KV caches, or None when some part of the step has
         no native kernel (another architecture, a weight format or dtype without one, or the
         torch kernels)."""
-        if not isinstance(model, LlamaForCausalLM) or not kv_caches:
+        if not isinstance(model, LlamaForCausalLM | Gemma3ForCausalLM) or not kv_caches:
             return None
-        layers = []
-        max_tokens = ops.SKINNY_MAX_ROWS
-        for layer in model.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-            kernels = [linear.native_kernel() for linear in linears]
-            norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-            if any(k is None for k in kernels) or any(n.dtype != torch.float32 for n in norms):
-                return None
-            max_tokens = min(max_tokens, *(ops.linear_kernel_max_rows(k) for k in kernels))
-            qkv, o, gate_up, down = kernels
-            layers.append(ops.decoder_layer_weights(norms[0], qkv, o, norms[1], gate_up, down))
-        config = model.config
-        attn = model.layers[0].self_attn
-        loop = ops.llama_decode_loop(
-            layers,
+        layers = [_layer_weights(layer) for layer in model.layers]
+        if any(layer is None for layer in layers):
+            return None
+        attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
+        loop = ops.decode_loop(
+            [weights for weights, _ in layers],
             attn.num_heads,
             attn.num_kv_heads,
             attn.head_dim,
-            config.rms_norm_eps,
+            model.config.rms_norm_eps,
             attn.scale,
-            attn.rotary.cos,
-            attn.rotary.sin,
+            ACTIVATIONS[mlp.activation],
         )
-        return cls(model, loop, kv_caches, max_tokens)
+        return cls(model, loop, kv_caches, min(max_rows for _, max_rows in layers))
 
     def applies(self, meta: AttentionMetadata) -> bool:
         """Every token attends to cached context (no prefill) and the skinny kernels take them."""
@@ -89,7 +83,7 @@ class NativeDecodeLoop:
         """The model's final hidden states `[num_tokens, hidden]`, as `model(...)` returns them."""
         assert meta.decode is not None and meta.slot_mapping is not None
         hidden, residual = self.loop.run(
-            self.model.embed_tokens(input_ids),
+            self.model.embed(input_ids),
             positions,
             self.kv_values,
             self.kv_scales,
@@ -98,3 +92,40 @@ class NativeDecodeLoop:
             meta.decode.seq_lens,
         )
         return self.model.norm(hidden, residual)[0]
+
+
+def _layer_weights(layer: LlamaDecoderLayer | Gemma3DecoderLayer) -> tuple[object, int] | None:
+    """A layer's weights for the native loop and the most tokens its kernels take, or None when
+    a linear has no native kernel or a norm is not float32."""
+    attn, mlp = layer.self_attn, layer.mlp
+    linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    kernels = [linear.native_kernel() for linear in linears]
+    if isinstance(layer, Gemma3DecoderLayer):
+        mlp_norm = layer.pre_feedforward_layernorm
+        gemma_norms = (
+            attn.q_norm,
+            attn.k_norm,
+            layer.post_attention_layernorm,
+            layer.post_feedforward_layernorm,
+        )
+        window = attn.window
+    else:
+        mlp_norm, gemma_norms, window = layer.post_attention_layernorm, (), None
+    norms = [n.weight for n in (layer.input_layernorm, mlp_norm, *gemma_norms)]
+    if mlp.activation not in ACTIVATIONS or any(k is None for k in kernels):
+        return None
+    if any(n.dtype != torch.float32 for n in norms):
+        return None
+    qkv, o, gate_up, down = kernels
+    weights = ops.decoder_layer_weights(
+        norms[0],
+        qkv,
+        o,
+        norms[1],
+        gate_up,
+        down,
+        (attn.rotary.cos, attn.rotary.sin),
+        window,
+        *norms[2:],
+    )
+    return weights, min(ops.linear_kernel_max_rows(k) for k in kernels)

@@ -130,14 +130,17 @@ class Gemma3ForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Final hidden states `[num_tokens, hidden]`; the caller picks which rows to project."""
-        embeds = self.embed_tokens(input_ids)
-        # Scaled in the embedding's dtype, as Gemma was trained (sqrt(640) rounds in bf16).
-        hidden = embeds * torch.tensor(self.embed_scale, dtype=embeds.dtype)
+        hidden = self.embed(input_ids)
         residual = None
         for i, layer in enumerate(self.layers):
             kv_cache = None if kv_caches is None else kv_caches[i]
             hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
         return self.norm(hidden, residual)[0]
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        embeds = self.embed_tokens(input_ids)
+        # Scaled in the embedding's dtype, as Gemma was trained (sqrt(640) rounds in bf16).
+        return embeds * torch.tensor(self.embed_scale, dtype=embeds.dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

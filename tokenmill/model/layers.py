@@ -115,6 +115,7 @@ class GatedMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "silu") -> None:
         super().__init__()
         self.intermediate_size = intermediate_size
+        self.activation = activation
         self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
         self.act_and_mul = GATED_ACTIVATIONS[activation]

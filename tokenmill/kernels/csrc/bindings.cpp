@@ -75,19 +75,39 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                   py::arg("group_size"), py::arg("bias"))
       .def_static("int4", &LinearKernel::int4, py::arg("qweight"), py::arg("scales"),
                   py::arg("mins"), py::arg("group_size"), py::arg("bias"));
+  using OptionalTensor = std::optional<at::Tensor>;
   py::class_<tokenmill::DecoderLayerWeights>(m, "DecoderLayerWeights")
-      .def(py::init<at::Tensor, LinearKernel, LinearKernel, at::Tensor, LinearKernel,
-                    LinearKernel>(),
-           py::arg("input_norm"), py::arg("qkv"), py::arg("o"), py::arg("post_norm"),
-           py::arg("gate_up"), py::arg("down"));
-  py::class_<tokenmill::LlamaDecodeLoop>(m, "LlamaDecodeLoop",
-                                         "every decoder layer of a decode step in one call")
-      .def(py::init<std::vector<tokenmill::DecoderLayerWeights>, int64_t, int64_t, int64_t,
-                    double, double, at::Tensor, at::Tensor>(),
+      .def(py::init([](at::Tensor input_norm, LinearKernel qkv, LinearKernel o,
+                       at::Tensor mlp_norm, LinearKernel gate_up, LinearKernel down,
+                       at::Tensor cos, at::Tensor sin, int64_t window, OptionalTensor q_norm,
+                       OptionalTensor k_norm, OptionalTensor attention_out_norm,
+                       OptionalTensor mlp_out_norm) {
+             return tokenmill::DecoderLayerWeights{
+                 std::move(input_norm),   std::move(qkv),  std::move(o),
+                 std::move(mlp_norm),     std::move(gate_up), std::move(down),
+                 std::move(cos),          std::move(sin),  window,
+                 q_norm.value_or(at::Tensor()), k_norm.value_or(at::Tensor()),
+                 attention_out_norm.value_or(at::Tensor()), mlp_out_norm.value_or(at::Tensor())};
+           }),
+           py::arg("input_norm"), py::arg("qkv"), py::arg("o"), py::arg("mlp_norm"),
+           py::arg("gate_up"), py::arg("down"), py::arg("cos"), py::arg("sin"),
+           py::arg("window"), py::arg("q_norm"), py::arg("k_norm"),
+           py::arg("attention_out_norm"), py::arg("mlp_out_norm"));
+  py::class_<tokenmill::DecodeLoop>(m, "DecodeLoop",
+                                    "every decoder layer of a decode step in one call")
+      .def(py::init([](std::vector<tokenmill::DecoderLayerWeights> layers, int64_t num_heads,
+                       int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
+                       const std::string& activation) {
+             TORCH_CHECK(activation == "silu" || activation == "gelu_tanh",
+                         "DecodeLoop: activation must be 'silu' or 'gelu_tanh'");
+             const auto kind = activation == "silu" ? tokenmill::GatedActivation::kSilu
+                                                    : tokenmill::GatedActivation::kGeluTanh;
+             return tokenmill::DecodeLoop(std::move(layers), num_heads, num_kv_heads, head_dim,
+                                          eps, scale, kind);
+           }),
            py::arg("layers"), py::arg("num_heads"), py::arg("num_kv_heads"),
-           py::arg("head_dim"), py::arg("eps"), py::arg("scale"), py::arg("cos"),
-           py::arg("sin"))
-      .def("run", &tokenmill::LlamaDecodeLoop::run, py::arg("hidden"), py::arg("positions"),
+           py::arg("head_dim"), py::arg("eps"), py::arg("scale"), py::arg("activation"))
+      .def("run", &tokenmill::DecodeLoop::run, py::arg("hidden"), py::arg("positions"),
            py::arg("kv_caches"), py::arg("kv_scales"), py::arg("slot_mapping"),
            py::arg("block_tables"), py::arg("seq_lens"),
            py::call_guard<py::gil_scoped_release>());

@@ -1,4 +1,4 @@
-// A Llama-family decode step with the layer loop in C++.
+// A decode step with the decoder-layer loop in C++ (Llama family and Gemma 3).
 //
 // At batch 1 the kernels of a decode step take about 10 ms on this model, but calling them from
 // Python (module dispatch, argument checks, views: about 12 calls a layer, 30 layers) added 4 to
@@ -39,57 +39,85 @@ at::Tensor LinearKernel::operator()(const at::Tensor& x) const {
   TORCH_CHECK(false, "LinearKernel: unknown kind");
 }
 
-LlamaDecodeLoop::LlamaDecodeLoop(std::vector<DecoderLayerWeights> layers, int64_t num_heads,
-                                 int64_t num_kv_heads, int64_t head_dim, double eps,
-                                 double scale, at::Tensor cos, at::Tensor sin)
+DecodeLoop::DecodeLoop(std::vector<DecoderLayerWeights> layers, int64_t num_heads,
+                       int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
+                       GatedActivation activation)
     : layers_(std::move(layers)),
       num_heads_(num_heads),
       num_kv_heads_(num_kv_heads),
       head_dim_(head_dim),
       eps_(eps),
       scale_(scale),
-      cos_(std::move(cos)),
-      sin_(std::move(sin)) {
+      activation_(activation) {
   TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0 && head_dim > 0,
-              "LlamaDecodeLoop: num_heads must be a positive multiple of num_kv_heads");
+              "DecodeLoop: num_heads must be a positive multiple of num_kv_heads");
 }
 
-std::tuple<at::Tensor, at::Tensor> LlamaDecodeLoop::run(
+at::Tensor DecodeLoop::norm(const at::Tensor& x, const at::Tensor& weight) const {
+  return add_rms_norm(x, std::nullopt, weight, eps_);
+}
+
+// The attention block of one layer, from its normalised input to the output projection.
+at::Tensor DecodeLoop::attend(const DecoderLayerWeights& layer, const at::Tensor& normed,
+                              const at::Tensor& positions, const at::Tensor& kv_cache,
+                              const at::Tensor* kv_scales, const at::Tensor& slot_mapping,
+                              const at::Tensor& block_tables,
+                              const at::Tensor& seq_lens) const {
+  const int64_t tokens = normed.size(0);
+  const int64_t q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
+  const at::Tensor qkv = layer.qkv(normed);
+  at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, num_heads_, head_dim_});
+  at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
+  const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
+  if (layer.q_norm.defined()) {
+    q = norm(q, layer.q_norm);
+    k = norm(k, layer.k_norm);
+  }
+  rotary_embedding(positions, q, k, layer.cos, layer.sin);
+  at::Tensor attended;
+  if (kv_scales != nullptr) {
+    store_kv_quantized(kv_cache, *kv_scales, slot_mapping, k, v);
+    attended = paged_decode_attention_quantized(q, kv_cache, *kv_scales, block_tables, seq_lens,
+                                                scale_, layer.window);
+  } else {
+    store_kv(kv_cache, slot_mapping, k, v);
+    attended =
+        paged_decode_attention(q, kv_cache, block_tables, seq_lens, scale_, layer.window);
+  }
+  return layer.o(attended.view({tokens, q_size}));
+}
+
+std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
     const at::Tensor& hidden, const at::Tensor& positions, const std::vector<at::Tensor>& kv_caches,
     const std::vector<at::Tensor>& kv_scales, const at::Tensor& slot_mapping,
     const at::Tensor& block_tables, const at::Tensor& seq_lens) const {
   const auto num_layers = static_cast<int64_t>(layers_.size());
   TORCH_CHECK(static_cast<int64_t>(kv_caches.size()) == num_layers,
-              "LlamaDecodeLoop: one KV cache per layer");
+              "DecodeLoop: one KV cache per layer");
   const bool quantized = !kv_scales.empty();
   TORCH_CHECK(!quantized || static_cast<int64_t>(kv_scales.size()) == num_layers,
-              "LlamaDecodeLoop: kv_scales must be empty or one per layer");
-  const int64_t tokens = hidden.size(0);
+              "DecodeLoop: kv_scales must be empty or one per layer");
   at::Tensor x = hidden;
   std::optional<at::Tensor> residual;
   for (int64_t i = 0; i < num_layers; ++i) {
     const DecoderLayerWeights& layer = layers_[i];
-    // The previous layer's MLP output joins the residual stream inside the norm.
+    // The previous layer's output joins the residual stream inside the norm.
     const at::Tensor normed = add_rms_norm(x, residual, layer.input_norm, eps_);
     if (!residual) residual = x;
-    const at::Tensor qkv =
-        layer.qkv(normed).view({tokens, num_heads_ + 2 * num_kv_heads_, head_dim_});
-    const at::Tensor q = qkv.narrow(1, 0, num_heads_);
-    const at::Tensor k = qkv.narrow(1, num_heads_, num_kv_heads_);
-    const at::Tensor v = qkv.narrow(1, num_heads_ + num_kv_heads_, num_kv_heads_);
-    rotary_embedding(positions, q, k, cos_, sin_);
-    at::Tensor attended;
-    if (quantized) {
-      store_kv_quantized(kv_caches[i], kv_scales[i], slot_mapping, k, v);
-      attended = paged_decode_attention_quantized(q, kv_caches[i], kv_scales[i], block_tables,
-                                                  seq_lens, scale_, 0);
+    at::Tensor attended = attend(layer, normed, positions, kv_caches[i],
+                                 quantized ? &kv_scales[i] : nullptr, slot_mapping,
+                                 block_tables, seq_lens);
+    if (layer.attention_out_norm.defined()) attended = norm(attended, layer.attention_out_norm);
+    const at::Tensor gate_up = layer.gate_up(add_rms_norm(attended, residual, layer.mlp_norm, eps_));
+    at::Tensor activated;
+    if (activation_ == GatedActivation::kSilu) {
+      activated = silu_and_mul(gate_up);
     } else {
-      store_kv(kv_caches[i], slot_mapping, k, v);
-      attended = paged_decode_attention(q, kv_caches[i], block_tables, seq_lens, scale_, 0);
+      const std::vector<at::Tensor> halves = gate_up.chunk(2, -1);
+      activated = at::gelu(halves[0], "tanh") * halves[1];
     }
-    const at::Tensor projected = layer.o(attended.view({tokens, num_heads_ * head_dim_}));
-    const at::Tensor mlp_in = add_rms_norm(projected, residual, layer.post_norm, eps_);
-    x = layer.down(silu_and_mul(layer.gate_up(mlp_in)));
+    x = layer.down(activated);
+    if (layer.mlp_out_norm.defined()) x = norm(x, layer.mlp_out_norm);
   }
   return {x, residual.value_or(x)};
 }

@@ -32,25 +32,37 @@ struct LinearKernel {
   at::Tensor operator()(const at::Tensor& x) const;
 };
 
-// A Llama decoder layer: pre-norms, merged q/k/v, output projection, merged gate/up, down.
+// One decoder layer: pre-norm, merged q/k/v, attention, output projection, pre-norm, merged
+// gate/up, down. Gemma 3 adds the optional parts: per-head q and k norms and norms of the
+// attention and MLP outputs (undefined tensors for Llama). Each layer has its own rotary table
+// and sliding window (0: the whole context), as Gemma's local and global layers differ.
 struct DecoderLayerWeights {
   at::Tensor input_norm;
   LinearKernel qkv;
   LinearKernel o;
-  at::Tensor post_norm;
+  at::Tensor mlp_norm;
   LinearKernel gate_up;
   LinearKernel down;
+  at::Tensor cos;
+  at::Tensor sin;
+  int64_t window;
+  at::Tensor q_norm;
+  at::Tensor k_norm;
+  at::Tensor attention_out_norm;
+  at::Tensor mlp_out_norm;
 };
 
-class LlamaDecodeLoop {
+// The gated MLP's activation: SwiGLU (Llama) or tanh-GELU (Gemma).
+enum class GatedActivation { kSilu, kGeluTanh };
+
+class DecodeLoop {
  public:
-  LlamaDecodeLoop(std::vector<DecoderLayerWeights> layers, int64_t num_heads,
-                  int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
-                  at::Tensor cos, at::Tensor sin);
+  DecodeLoop(std::vector<DecoderLayerWeights> layers, int64_t num_heads, int64_t num_kv_heads,
+             int64_t head_dim, double eps, double scale, GatedActivation activation);
 
   // Every layer over `hidden` [T, D], each token attending to its sequence's paged KV: the
   // caches are float32, or int8 / fp8 codes when `kv_scales` holds their scales. Returns
-  // (last MLP output, residual stream before it), which the final norm adds together.
+  // (last layer's output, residual stream before it), which the final norm adds together.
   std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& hidden, const at::Tensor& positions,
                                          const std::vector<at::Tensor>& kv_caches,
                                          const std::vector<at::Tensor>& kv_scales,
@@ -59,14 +71,19 @@ class LlamaDecodeLoop {
                                          const at::Tensor& seq_lens) const;
 
  private:
+  at::Tensor attend(const DecoderLayerWeights& layer, const at::Tensor& normed,
+                    const at::Tensor& positions, const at::Tensor& kv_cache,
+                    const at::Tensor* kv_scales, const at::Tensor& slot_mapping,
+                    const at::Tensor& block_tables, const at::Tensor& seq_lens) const;
+  at::Tensor norm(const at::Tensor& x, const at::Tensor& weight) const;
+
   std::vector<DecoderLayerWeights> layers_;
   int64_t num_heads_;
   int64_t num_kv_heads_;
   int64_t head_dim_;
   double eps_;
   double scale_;
-  at::Tensor cos_;
-  at::Tensor sin_;
+  GatedActivation activation_;
 };
 
 }  // namespace tokenmill
