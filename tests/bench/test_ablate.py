@@ -27,6 +27,7 @@ def test_quick_run_writes_table_json_and_one_png_per_experiment(tokenmill_cli, t
         "speculative decoding (ngram)",
         "speculative decoding (eagle)",
         "speculative decoding (ngram, batch)",
+        "native decode loop",
     }
     for row in payload["rows"]:
         assert row["winner"] in {row["baseline"], row["candidate"], "tie"}, row
@@ -49,6 +50,7 @@ def test_quick_run_writes_table_json_and_one_png_per_experiment(tokenmill_cli, t
     assert cached["off"] == [0] * QUICK.prefix_requests
     assert all(n >= QUICK.prefix_tokens - 16 for n in cached["on"][1:])
     assert data["chunked-prefill"]["budgets"] == {"off": 2048, "on": QUICK.chunk_budget}
+    assert all(case["outputs_match"] for case in data["decode-loop"].values())
 
 
 def test_speculative_rows_compare_off_and_on_with_identical_greedy_outputs(tokenmill_cli, tmp_path):

@@ -11,14 +11,16 @@ from tokenmill.quant.layerwise import LAYER_LINEARS, LayerInputs
 
 
 def test_layer_by_layer_matches_the_full_forward_pass(smollm, monkeypatch):
-    monkeypatch.setattr(layerwise, "CHUNK_TOKENS", 40)  # several chunks of two sequences
-    samples = torch.randint(100, 40000, (5, 20), generator=torch.Generator().manual_seed(0))
+    # Three chunks of two sequences: 40 rows each, like the full pass's 120 wider than the skinny
+    # kernels, so both multiply through the same GEMM.
+    monkeypatch.setattr(layerwise, "CHUNK_TOKENS", 40)
+    samples = torch.randint(100, 40000, (6, 20), generator=torch.Generator().manual_seed(0))
     inputs = LayerInputs(smollm.model, samples)
     for layer in smollm.model.layers:
         inputs.advance(layer)
-    meta = AttentionMetadata.build([20] * 5, [20] * 5, None, 16, None)
+    meta = AttentionMetadata.build([20] * 6, [20] * 6, None, 16, None)
     with torch.inference_mode():
-        expected = smollm.model(samples.reshape(-1), torch.arange(20).repeat(5), None, meta)
+        expected = smollm.model(samples.reshape(-1), torch.arange(20).repeat(6), None, meta)
     torch.testing.assert_close(inputs.final_hidden(smollm.model.norm), expected)
 
 

@@ -70,6 +70,8 @@ class AblateSizes:
     spec_batch_requests: int  # all of them running at once
     spec_batch_prompt_len: tuple[int, int]
     spec_batch_max_tokens: tuple[int, int]
+    loop_batch_requests: int  # the decode loop's small batch, all running at once
+    loop_new_tokens: int  # generated per request of that batch
 
 
 FULL = AblateSizes(
@@ -96,6 +98,8 @@ FULL = AblateSizes(
     spec_batch_requests=32,
     spec_batch_prompt_len=(32, 256),
     spec_batch_max_tokens=(16, 32),
+    loop_batch_requests=8,
+    loop_new_tokens=128,
 )
 
 QUICK = AblateSizes(
@@ -122,6 +126,8 @@ QUICK = AblateSizes(
     spec_batch_requests=6,
     spec_batch_prompt_len=(8, 24),
     spec_batch_max_tokens=(3, 8),
+    loop_batch_requests=3,
+    loop_new_tokens=4,
 )
 
 
@@ -716,6 +722,65 @@ def speculative_batch(ctx: AblateContext) -> Experiment:
     return Experiment(rows, data, plot)
 
 
+def decode_loop(ctx: AblateContext) -> Experiment:
+    """A decode step makes about 360 kernel calls; from Python each costs module dispatch and
+    input checks on top of the kernel. The native loop makes the same calls from C++, so the
+    outputs are identical and only that host time goes."""
+    sizes = ctx.sizes
+    one = [BenchRequest(random_token_ids(random.Random(0), 32), None, sizes.kv_new_tokens)]
+    count = sizes.loop_batch_requests
+    batch = random_requests(3, count, (32, 64), (sizes.loop_new_tokens, sizes.loop_new_tokens))
+    cases = (
+        ("one stream", f"one stream, {sizes.kv_new_tokens} new tokens", one),
+        (f"{count} streams", f"{count} streams at once, {sizes.loop_new_tokens} each", batch),
+    )
+    rows: list[Comparison] = []
+    bars: dict[str, dict[str, float]] = {}
+    data: dict[str, Any] = {}
+    for name, workload, requests in cases:
+        results, tokens = {}, {}
+        for loop in ("python", "native"):
+            engine = ctx.engine(kv_cache="paged", decode_loop=loop, speculative_method=None)
+            finished = FinishedTokens()
+            results[loop] = run_throughput(
+                engine, requests, f"{name} ({loop} loop)", on_step=finished
+            )
+            tokens[loop] = finished.by_prompt
+        match = tokens["python"] == tokens["native"]
+        python, native = results["python"], results["native"]
+        bars[name] = {loop: r.output_tokens_per_s for loop, r in results.items()}
+        data[name] = {"python": python, "native": native, "outputs_match": match}
+        rows += [
+            Comparison(
+                "native decode loop",
+                f"output tok/s, {workload}; greedy outputs identical: {_yes_no(match)}",
+                "tok/s",
+                "python",
+                python.output_tokens_per_s,
+                "native",
+                native.output_tokens_per_s,
+                higher_is_better=True,
+            ),
+            Comparison(
+                "native decode loop",
+                f"TPOT, {workload}",
+                "ms",
+                "python",
+                python.tpot_ms.mean,
+                "native",
+                native.tpot_ms.mean,
+                higher_is_better=False,
+            ),
+        ]
+    plot = bar_plot(
+        ctx.out_dir / "decode_loop.png",
+        "Output tokens/s, decoder layers driven from Python and from the native loop",
+        "output tokens/s",
+        bars,
+    )
+    return Experiment(rows, data, plot)
+
+
 def _speculation_run(
     ctx: AblateContext, requests: list[BenchRequest], workload: str, **switches: Any
 ) -> tuple[ThroughputResult, dict[tuple[int, ...], list[int]]]:
@@ -744,6 +809,7 @@ EXPERIMENTS: dict[str, Callable[[AblateContext], Experiment]] = {
     "kv-memory": kv_memory,
     "speculative": speculative,
     "speculative-batch": speculative_batch,
+    "decode-loop": decode_loop,
 }
 
 
