@@ -72,25 +72,35 @@ void check_slots(const int64_t* slot, int64_t tokens, int64_t num_slots, const c
                 " is outside the cache's ", num_slots, " slots");
 }
 
+// The checks both stores share: a contiguous cache [2, blocks, block_size, kv_heads, d] (floats
+// or codes), float32 k and v [T, kv_heads, d] whose heads are contiguous, and one int64 slot
+// per token, inside the cache. Returns the slots, contiguous.
+at::Tensor check_store(const char* op, const at::Tensor& cache, const at::Tensor& slot_mapping,
+                       const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(cache.dim() == 5 && cache.size(0) == 2 && cache.is_contiguous(), op,
+              ": the cache must be a contiguous [2, blocks, block_size, kv_heads, d]");
+  TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes(), op, ": k and v must be [T, kv_heads, d]");
+  TORCH_CHECK(cache.size(3) == k.size(1) && cache.size(4) == k.size(2), op,
+              ": k's heads and head_dim must match the cache's");
+  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat, op,
+              ": k and v must be float32");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, op, ": each head must be contiguous");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == k.size(0), op,
+              ": slot_mapping must be int64 with one slot per token");
+  at::Tensor slots = slot_mapping.contiguous();
+  check_slots(slots.data_ptr<int64_t>(), k.size(0), cache.size(1) * cache.size(2), op);
+  return slots;
+}
+
 }  // namespace
 
 void store_kv(const at::Tensor& kv_cache, const at::Tensor& slot_mapping, const at::Tensor& k,
               const at::Tensor& v) {
-  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
-              "store_kv: kv_cache must be a contiguous [2, blocks, block_size, kv_heads, d]");
-  TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes(), "store_kv: k and v must be [T, kv_heads, d]");
-  const int64_t tokens = k.size(0), heads = k.size(1), dim = k.size(2);
-  TORCH_CHECK(kv_cache.size(3) == heads && kv_cache.size(4) == dim,
-              "store_kv: k's heads and head_dim must match the cache's");
-  for (const at::Tensor* t : {&kv_cache, &k, &v})
-    TORCH_CHECK(t->scalar_type() == at::kFloat, "store_kv: kv_cache, k and v must be float32");
-  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "store_kv: each head must be contiguous");
-  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == tokens,
-              "store_kv: slot_mapping must be int64 with one slot per token");
-  const at::Tensor slots = slot_mapping.contiguous();
+  const at::Tensor slots = check_store("store_kv", kv_cache, slot_mapping, k, v);
+  TORCH_CHECK(kv_cache.scalar_type() == at::kFloat, "store_kv: kv_cache must be float32");
   const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t tokens = k.size(0), heads = k.size(1), dim = k.size(2);
   const int64_t num_slots = kv_cache.size(1) * kv_cache.size(2);
-  check_slots(slot, tokens, num_slots, "store_kv");
   float* cache = kv_cache.data_ptr<float>();
   const int64_t row = heads * dim, half = num_slots * row;
   const float* sources[2] = {k.data_ptr<float>(), v.data_ptr<float>()};
@@ -114,25 +124,12 @@ void store_kv(const at::Tensor& kv_cache, const at::Tensor& slot_mapping, const 
 // [2, blocks, block_size, kv_heads]. Each token's k and v heads are quantized on their own.
 void store_kv_quantized(const at::Tensor& values, const at::Tensor& scales,
                         const at::Tensor& slot_mapping, const at::Tensor& k, const at::Tensor& v) {
-  TORCH_CHECK(values.dim() == 5 && values.size(0) == 2 && values.is_contiguous(),
-              "store_kv_quantized: values must be a contiguous [2, blocks, block_size, kv_heads, d]");
+  const at::Tensor slots = check_store("store_kv_quantized", values, slot_mapping, k, v);
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() &&
                   scales.sizes() == values.sizes().slice(0, 4),
               "store_kv_quantized: scales must be a contiguous float32 [2, blocks, block_size, "
               "kv_heads]");
-  TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes(),
-              "store_kv_quantized: k and v must be [T, kv_heads, d]");
-  TORCH_CHECK(values.size(3) == k.size(1) && values.size(4) == k.size(2),
-              "store_kv_quantized: k's heads and head_dim must match the cache's");
-  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
-              "store_kv_quantized: k and v must be float32");
-  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1,
-              "store_kv_quantized: each head must be contiguous");
-  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == k.size(0),
-              "store_kv_quantized: slot_mapping must be int64 with one slot per token");
-  const at::Tensor slots = slot_mapping.contiguous();
   const int64_t* slot = slots.data_ptr<int64_t>();
-  check_slots(slot, k.size(0), values.size(1) * values.size(2), "store_kv_quantized");
   if (values.scalar_type() == at::kChar) {
     store_quantized<Int8Code>(values, scales, slot, k, v);
   } else {
