@@ -740,12 +740,9 @@ def decode_loop(ctx: AblateContext) -> Experiment:
     for name, workload, requests in cases:
         results, tokens = {}, {}
         for loop in ("python", "native"):
-            engine = ctx.engine(kv_cache="paged", decode_loop=loop, speculative_method=None)
-            finished = FinishedTokens()
-            results[loop] = run_throughput(
-                engine, requests, f"{name} ({loop} loop)", on_step=finished
+            results[loop], tokens[loop] = _greedy_run(
+                ctx, requests, f"{name} ({loop} loop)", decode_loop=loop, speculative_method=None
             )
-            tokens[loop] = finished.by_prompt
         match = tokens["python"] == tokens["native"]
         python, native = results["python"], results["native"]
         bars[name] = {loop: r.output_tokens_per_s for loop, r in results.items()}
@@ -784,12 +781,20 @@ def decode_loop(ctx: AblateContext) -> Experiment:
 def _speculation_run(
     ctx: AblateContext, requests: list[BenchRequest], workload: str, **switches: Any
 ) -> tuple[ThroughputResult, dict[tuple[int, ...], list[int]]]:
-    """One greedy pass on a fresh engine: its numbers and every request's output tokens. The
-    EAGLE head is the shipped one and the other switches are the base's."""
-    engine = ctx.engine(kv_cache="paged", draft_model=None, **switches)
-    finished = FinishedTokens()
+    """`_greedy_run` with the shipped EAGLE head, labelled by the speculative method."""
     method = switches["speculative_method"] or "no speculation"
-    result = run_throughput(engine, requests, f"{workload} ({method})", on_step=finished)
+    return _greedy_run(ctx, requests, f"{workload} ({method})", draft_model=None, **switches)
+
+
+def _greedy_run(
+    ctx: AblateContext, requests: list[BenchRequest], label: str, **switches: Any
+) -> tuple[ThroughputResult, dict[tuple[int, ...], list[int]]]:
+    """One greedy pass on a fresh paged-KV engine: its numbers and every request's output
+    tokens, keyed by prompt, so two variants' outputs can be compared. The other switches are
+    the base's."""
+    engine = ctx.engine(kv_cache="paged", **switches)
+    finished = FinishedTokens()
+    result = run_throughput(engine, requests, label, on_step=finished)
     return result, finished.by_prompt
 
 

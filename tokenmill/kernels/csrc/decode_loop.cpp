@@ -68,7 +68,8 @@ at::Tensor DecodeLoop::attend(const DecoderLayerWeights& layer, const at::Tensor
   const at::Tensor qkv = layer.qkv(normed);
   at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, num_heads_, head_dim_});
   at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
-  const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
+  const at::Tensor v =
+      qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
   if (layer.q_norm.defined()) {
     q = norm(q, layer.q_norm);
     k = norm(k, layer.k_norm);
@@ -108,7 +109,8 @@ std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
                                  quantized ? &kv_scales[i] : nullptr, slot_mapping,
                                  block_tables, seq_lens);
     if (layer.attention_out_norm.defined()) attended = norm(attended, layer.attention_out_norm);
-    const at::Tensor gate_up = layer.gate_up(add_rms_norm(attended, residual, layer.mlp_norm, eps_));
+    const at::Tensor gate_up =
+        layer.gate_up(add_rms_norm(attended, residual, layer.mlp_norm, eps_));
     at::Tensor activated;
     if (activation_ == GatedActivation::kSilu) {
       activated = silu_and_mul(gate_up);
