@@ -18,7 +18,7 @@ import torch
 from tokenmill.kernels import ops
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in) of one decoder layer
-FORMATS = ["fp32", "int8", "q8_0", "int4", "int4-g128"]
+FORMATS = ["fp32", "fp8", "int8", "q8_0", "int4", "int4-g128"]
 
 Product = Callable[[torch.Tensor], torch.Tensor]
 
@@ -28,6 +28,11 @@ def packed_product(fmt: str, n: int, k: int, gen: torch.Generator) -> tuple[Prod
     if fmt == "fp32":
         weight = torch.randn(n, k, generator=gen)
         return (lambda x: ops.linear(x, weight)), weight.nbytes
+    if fmt == "fp8":
+        codes = torch.randint(0, 0x7F, (n, k), dtype=torch.uint8, generator=gen)
+        codes ^= torch.randint(0, 2, (n, k), dtype=torch.uint8, generator=gen) << 7  # signs
+        fp8, scales = codes.view(torch.float8_e4m3fn), torch.rand(n, generator=gen) / 100
+        return (lambda x: ops.fp8_linear(x, fp8, scales)), codes.nbytes + scales.nbytes
     if fmt in ("int8", "q8_0"):
         group = -(-k // 32) * 32 if fmt == "int8" else 32
         dtype = torch.float32 if fmt == "int8" else torch.float16

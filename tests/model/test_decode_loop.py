@@ -52,7 +52,7 @@ def test_float32_model_gives_the_python_layers_exact_logprobs(smollm, kv_cache_d
     assert_loops_agree(smollm, VARIED_PROMPTS[:8], kv_cache_dtype=kv_cache_dtype)
 
 
-@pytest.mark.parametrize("quantization", ["int8", "gguf"])
+@pytest.mark.parametrize("quantization", ["int8", "gguf", "fp8"])
 def test_quantized_models_give_the_python_layers_exact_logprobs(quantized_smollm, quantization):
     assert_loops_agree(quantized_smollm(quantization), VARIED_PROMPTS[:4])
 
@@ -98,7 +98,7 @@ def test_applies_to_decodes_and_short_chunks_over_cache_only(smollm, quantized_s
 
 
 def test_stays_off_where_a_kernel_is_missing(smollm, quantized_smollm, monkeypatch):
-    assert make_engine(quantized_smollm("fp8"), "native").runner.decode_loop is None
+    assert make_engine(quantized_smollm("smoothquant"), "native").runner.decode_loop is None
     assert make_engine(smollm, "native", kv_cache="none").runner.decode_loop is None
     monkeypatch.setattr(ops, "_NATIVE", None)
     assert make_engine(smollm, "native").runner.decode_loop is None

@@ -419,9 +419,10 @@ def int8_linear(
         return _NATIVE.int8_linear(x, qweight, scales, group_size, bias)
     flat = x.reshape(-1, x.shape[-1])
     if flat.shape[0] > QUANT_KERNEL_MAX_ROWS:
-        return _tiled_dequantized_linear(
-            flat, x.shape, (qweight, scales), _NATIVE.dequantize_int8, group_size, bias
+        rows = lambda part: _NATIVE.dequantize_int8(  # noqa: E731
+            qweight[part], scales[part], group_size, x.shape[-1]
         )
+        return _tiled_dequantized_linear(flat, x.shape, qweight.shape[0], rows, bias)
     out = _NATIVE.int8_linear(flat, qweight, scales, group_size, bias)
     return out.view(*x.shape[:-1], qweight.shape[0])
 
@@ -453,9 +454,10 @@ def int4_linear(
         return _NATIVE.int4_linear(x, qweight, scales, mins, group_size, bias)
     flat = x.reshape(-1, x.shape[-1])
     if flat.shape[0] > QUANT_KERNEL_MAX_ROWS:
-        return _tiled_dequantized_linear(
-            flat, x.shape, (qweight, scales, mins), _NATIVE.dequantize_int4, group_size, bias
+        rows = lambda part: _NATIVE.dequantize_int4(  # noqa: E731
+            qweight[part], scales[part], mins[part], group_size, x.shape[-1]
         )
+        return _tiled_dequantized_linear(flat, x.shape, qweight.shape[0], rows, bias)
     out = _NATIVE.int4_linear(flat, qweight, scales, mins, group_size, bias)
     return out.view(*x.shape[:-1], qweight.shape[0])
 
@@ -476,23 +478,22 @@ def int4_linear_reference(
 def _tiled_dequantized_linear(
     flat: torch.Tensor,
     shape: torch.Size,
-    packed: tuple[torch.Tensor, ...],
-    dequantize: Callable[..., torch.Tensor],
-    group_size: int,
+    out_features: int,
+    dequantize_rows: Callable[[slice], torch.Tensor],
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    """torch's GEMM on the weight expanded to fp32 a tile of output rows at a time: each tile
-    (a few MB) is still in cache when the GEMM reads it, so DRAM sees only the packed bytes."""
-    rows, k = packed[0].shape[0], flat.shape[1]
-    tile = max(1, DEQUANTIZE_TILE_WEIGHTS // k)
-    if rows <= tile:
-        return F.linear(flat, dequantize(*packed, group_size, k), bias).view(*shape[:-1], rows)
-    out = torch.empty(flat.shape[0], rows, dtype=flat.dtype)
-    for start in range(0, rows, tile):
+    """torch's GEMM on the weight expanded to fp32 a tile of output rows at a time
+    (`dequantize_rows(rows)`): each tile (a few MB) is still in cache when the GEMM reads it, so
+    DRAM sees only the packed bytes."""
+    tile = max(1, DEQUANTIZE_TILE_WEIGHTS // flat.shape[1])
+    if out_features <= tile:
+        weight = dequantize_rows(slice(None))
+        return F.linear(flat, weight, bias).view(*shape[:-1], out_features)
+    out = torch.empty(flat.shape[0], out_features, dtype=flat.dtype)
+    for start in range(0, out_features, tile):
         part = slice(start, start + tile)
-        weight = dequantize(*(t[part] for t in packed), group_size, k)
-        out[:, part] = F.linear(flat, weight, None if bias is None else bias[part])
-    return out.view(*shape[:-1], rows)
+        out[:, part] = F.linear(flat, dequantize_rows(part), None if bias is None else bias[part])
+    return out.view(*shape[:-1], out_features)
 
 
 def dequantize_int8(
@@ -580,6 +581,54 @@ def quantize_activations_reference(
     return values.view(rows, -1), scales, sums
 
 
+# fp8 weights (tokenmill/quant/fp8.py): qweight float8_e4m3fn [N, K], w = scale * q with one
+# float32 scale per row [N]. Up to SKINNY_MAX_ROWS rows of x, native decodes a few weight rows
+# at a time to fp32 in L1 and multiplies in fp32; wider x, and the reference, multiply by the
+# whole dequantized weight.
+
+# fp16 holds e4m3's bits with 8 more exponent bias: decoded values are the e4m3 values * 2^-8.
+FP8_DECODE_SCALE = 256.0
+
+
+def fp8_linear(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`F.linear(x, w, bias)` for the fp8 weight w = (qweight, scales); x: [..., K]."""
+    if _NATIVE is None or not _quantized_fits(x, bias):
+        return fp8_linear_reference(x, qweight, scales, bias)
+    if x.dim() == 2 and x.shape[0] <= SKINNY_MAX_ROWS:  # decode: skip the reshapes
+        return _NATIVE.fp8_linear(x, qweight, scales, bias)
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.shape[0] > SKINNY_MAX_ROWS:
+        rows = lambda part: _NATIVE.dequantize_fp8(qweight[part], scales[part])  # noqa: E731
+        return _tiled_dequantized_linear(flat, x.shape, qweight.shape[0], rows, bias)
+    out = _NATIVE.fp8_linear(flat, qweight, scales, bias)
+    return out.view(*x.shape[:-1], qweight.shape[0])
+
+
+def fp8_linear_reference(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    weight = dequantize_fp8_reference(qweight, scales).to(x.dtype)
+    return F.linear(x, weight, None if bias is None else bias.to(x.dtype))
+
+
+def dequantize_fp8(qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The fp32 weight [N, K] an fp8 (qweight, scales) pair stands for."""
+    if _NATIVE is None:
+        return dequantize_fp8_reference(qweight, scales)
+    return _NATIVE.dequantize_fp8(qweight, scales)
+
+
+def dequantize_fp8_reference(qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """torch's own fp8 -> fp32 cast runs at ~0.1 G values/s here, so this moves bits instead:
+    e4m3 bits s eeee mmm, sign-extended to 16 bits and shifted left by 7, are fp16's
+    s eeeee mmmmmmmmmm with a stray copy of s in the top exponent bit; clearing it leaves an
+    fp16 equal to the e4m3 value times 2^-8, subnormals included (NaN codes never occur)."""
+    bits = (qweight.view(torch.int8).to(torch.int16) << 7).bitwise_and_(~0x4000)
+    return bits.view(torch.float16).float().mul_(scales[:, None] * FP8_DECODE_SCALE)
+
+
 # The native decode loop (csrc/decode_loop.cpp): a whole decode step's layers in one call. Each
 # linear layer hands over its weights bound to the skinny kernel that reads them; the loop then
 # makes the same kernel calls as the Python layers, so the two give bit-identical results.
@@ -617,10 +666,19 @@ def int4_linear_kernel(
     return _NATIVE.LinearKernel.int4(qweight, scales, mins, group_size, bias)
 
 
+def fp8_linear_kernel(
+    qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+) -> object | None:
+    """The native loop's handle on an fp8 linear (the layout of `fp8_linear`)."""
+    if _NATIVE is None or not (bias is None or bias.dtype == torch.float32):
+        return None
+    return _NATIVE.LinearKernel.fp8(qweight, scales, bias)
+
+
 def linear_kernel_max_rows(kernel: Any) -> int:
     """The most rows of x the loop may hand this kernel: wider products run elsewhere (torch's
     GEMM, or the quantized weights expanded tile by tile)."""
-    return SKINNY_MAX_ROWS if kernel.kind == "float32" else QUANT_KERNEL_MAX_ROWS
+    return SKINNY_MAX_ROWS if kernel.kind in ("float32", "fp8") else QUANT_KERNEL_MAX_ROWS
 
 
 def decoder_layer_weights(

@@ -11,6 +11,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &tokenmill::skinny_linear, "y = x W^T + b for skinny float32 x [M, K]",
         py::arg("x"), py::arg("weight"), py::arg("bias"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("fp8_linear", &tokenmill::fp8_linear,
+        "y = x W^T + b for skinny float32 x, W fp8 e4m3 with a float32 scale per row",
+        py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("bias"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("dequantize_fp8", &tokenmill::dequantize_fp8, "fp8 weight to float32 [N, K]",
+        py::arg("qweight"), py::arg("scales"), py::call_guard<py::gil_scoped_release>());
   m.def("paged_decode_attention", &tokenmill::paged_decode_attention,
         "one-token-per-sequence attention read through the block tables", py::arg("q"),
         py::arg("kv_cache"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("scale"),
@@ -67,6 +73,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                    return "int8";
                                  case LinearKernel::Kind::kInt4:
                                    return "int4";
+                                 case LinearKernel::Kind::kFp8:
+                                   return "fp8";
                                  default:
                                    return "float32";
                                }
@@ -74,7 +82,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_static("int8", &LinearKernel::int8, py::arg("qweight"), py::arg("scales"),
                   py::arg("group_size"), py::arg("bias"))
       .def_static("int4", &LinearKernel::int4, py::arg("qweight"), py::arg("scales"),
-                  py::arg("mins"), py::arg("group_size"), py::arg("bias"));
+                  py::arg("mins"), py::arg("group_size"), py::arg("bias"))
+      .def_static("fp8", &LinearKernel::fp8, py::arg("qweight"), py::arg("scales"),
+                  py::arg("bias"));
   using OptionalTensor = std::optional<at::Tensor>;
   py::class_<tokenmill::DecoderLayerWeights>(m, "DecoderLayerWeights")
       .def(py::init([](at::Tensor input_norm, LinearKernel qkv, LinearKernel o,

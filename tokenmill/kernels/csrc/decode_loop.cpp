@@ -27,6 +27,11 @@ LinearKernel LinearKernel::int4(at::Tensor qweight, at::Tensor scales, at::Tenso
           std::move(mins), group_size,         std::move(bias)};
 }
 
+LinearKernel LinearKernel::fp8(at::Tensor qweight, at::Tensor scales,
+                               std::optional<at::Tensor> bias) {
+  return {Kind::kFp8, std::move(qweight), std::move(scales), {}, 0, std::move(bias)};
+}
+
 at::Tensor LinearKernel::operator()(const at::Tensor& x) const {
   switch (kind) {
     case Kind::kFloat32:
@@ -35,6 +40,8 @@ at::Tensor LinearKernel::operator()(const at::Tensor& x) const {
       return int8_linear(x, weight, scales, group_size, bias);
     case Kind::kInt4:
       return int4_linear(x, weight, scales, mins, group_size, bias);
+    case Kind::kFp8:
+      return fp8_linear(x, weight, scales, bias);
   }
   TORCH_CHECK(false, "LinearKernel: unknown kind");
 }

@@ -14,10 +14,10 @@ namespace tokenmill {
 
 // One linear layer's weights in a format the skinny kernels read, and the kernel to use.
 struct LinearKernel {
-  enum class Kind { kFloat32, kInt8, kInt4 };
+  enum class Kind { kFloat32, kInt8, kInt4, kFp8 };
 
   Kind kind;
-  at::Tensor weight;  // float32 [N, K], or the packed int8 / int4 codes
+  at::Tensor weight;  // float32 [N, K], or the packed int8 / int4 / fp8 codes
   at::Tensor scales;
   at::Tensor mins;
   int64_t group_size;
@@ -28,6 +28,7 @@ struct LinearKernel {
                            std::optional<at::Tensor> bias);
   static LinearKernel int4(at::Tensor qweight, at::Tensor scales, at::Tensor mins,
                            int64_t group_size, std::optional<at::Tensor> bias);
+  static LinearKernel fp8(at::Tensor qweight, at::Tensor scales, std::optional<at::Tensor> bias);
 
   at::Tensor operator()(const at::Tensor& x) const;
 };

@@ -1,4 +1,5 @@
-// int8 / int4 block weights (the formats of quant_linear.cpp) back to fp32 [N, K].
+// int8 / int4 block weights (the formats of quant_linear.cpp) and fp8 e4m3 weights with a scale
+// per row back to fp32 [N, K].
 //
 // For wide x (prefill, big batches) torch's blocked GEMM beats streaming the quantized weights
 // once per chunk of rows, so the weight is expanded to fp32 first; this does it in one parallel
@@ -11,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "fp8.h"
 #include "quant.h"
 
 namespace tokenmill {
@@ -95,6 +97,30 @@ at::Tensor dequantize_int8(const at::Tensor& qweight, const at::Tensor& scales,
 at::Tensor dequantize_int4(const at::Tensor& qweight, const at::Tensor& scales,
                            const at::Tensor& mins, int64_t group_size, int64_t in_features) {
   return dequantize<true>("dequantize_int4", qweight, scales, mins, group_size, in_features);
+}
+
+at::Tensor dequantize_fp8(const at::Tensor& qweight, const at::Tensor& scales) {
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kFloat8_e4m3fn &&
+                  qweight.is_contiguous(),
+              "dequantize_fp8: qweight must be a contiguous float8_e4m3fn [N, K]");
+  const int64_t n = qweight.size(0), k = qweight.size(1);
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == n,
+              "dequantize_fp8: scales must be a contiguous float32 [N]");
+  at::Tensor out = at::empty({n, k}, scales.options());
+  const auto* codes = static_cast<const uint8_t*>(qweight.data_ptr());
+  const float* row_scales = scales.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < n; ++row) {
+    const uint8_t* src = codes + row * k;
+    float* y = dst + row * k;
+    const float scale = row_scales[row] * kFp8DecodeScale;
+    const __m256 s = _mm256_set1_ps(scale);
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(fp8x8_scaled(src + i), s));
+    for (; i < k; ++i) y[i] = fp8_scaled(src[i]) * scale;
+  }
+  return out;
 }
 
 }  // namespace tokenmill

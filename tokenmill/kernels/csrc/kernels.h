@@ -11,6 +11,9 @@
 namespace tokenmill {
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight,
                          const std::optional<at::Tensor>& bias);
+at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                      const std::optional<at::Tensor>& bias);
+at::Tensor dequantize_fp8(const at::Tensor& qweight, const at::Tensor& scales);
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens,
                                   double scale, int64_t window);

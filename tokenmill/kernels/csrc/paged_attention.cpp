@@ -7,18 +7,18 @@
 // full score row is ever materialised.
 //
 // A quantized cache (int8 or fp8 e4m3 codes, an fp32 scale per token and KV head) is read the
-// same way: 8 codes at a time become 8 floats (a sign extension, or a 256-entry table for e4m3)
-// and the token's scale multiplies the finished dot product and the value's softmax weight.
+// same way: 8 codes at a time become 8 floats (a sign extension, or e4m3's bits moved into fp16,
+// fp8.h) and the token's scale multiplies the finished dot product and the value's softmax
+// weight.
 
 #include <ATen/ATen.h>
-#include <c10/util/Float8_e4m3fn.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "fp8.h"
 #include "simd.h"
 
 namespace tokenmill {
@@ -76,36 +76,21 @@ struct PagedCache {
 // int8 codes: 8 at a time sign-extended to int32, then converted.
 struct Int8Codes {
   using Storage = int8_t;
-  __m256 load8(const int8_t* p) const {
+  static constexpr float kScale = 1.0f;  // what the loaded values are multiplied by
+  static __m256 load8(const int8_t* p) {
     return _mm256_cvtepi32_ps(
         _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
-  float load1(const int8_t* p) const { return static_cast<float>(*p); }
+  static float load1(const int8_t* p) { return static_cast<float>(*p); }
 };
 
-// fp8 e4m3 codes: 8 bytes widened to table indices, then one gather from the 256 values.
+// fp8 e4m3 codes, loaded as their values times 2^-8 (fp8.h); the token scales undo that exactly.
 struct Fp8Codes {
   using Storage = uint8_t;
-  const float* table;
-  __m256 load8(const uint8_t* p) const {
-    const __m256i index =
-        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_i32gather_ps(table, index, 4);
-  }
-  float load1(const uint8_t* p) const { return table[*p]; }
+  static constexpr float kScale = kFp8DecodeScale;
+  static __m256 load8(const uint8_t* p) { return fp8x8_scaled(p); }
+  static float load1(const uint8_t* p) { return fp8_scaled(*p); }
 };
-
-// Every e4m3 byte's value, as torch converts it.
-const float* fp8_table() {
-  static const std::array<float, 256> table = [] {
-    std::array<float, 256> values{};
-    for (int code = 0; code < 256; ++code)
-      values[code] = static_cast<float>(
-          c10::Float8_e4m3fn(static_cast<uint8_t>(code), c10::Float8_e4m3fn::from_bits()));
-    return values;
-  }();
-  return table.data();
-}
 
 template <typename Codes>
 struct QuantizedPagedCache {
@@ -119,24 +104,23 @@ struct QuantizedPagedCache {
   const float* key_scales;  // [num_blocks, block_size, kv_heads]
   const float* value_scales;
   int64_t block_size, kv_heads, head_dim;
-  Codes codes;
 
   Row key(int64_t block, int64_t slot, int64_t head) const {
     const int64_t row = index(block, slot, head);
-    return {keys + row * head_dim, key_scales[row]};
+    return {keys + row * head_dim, key_scales[row] * Codes::kScale};
   }
   Row value(int64_t block, int64_t slot, int64_t head) const {
     const int64_t row = index(block, slot, head);
-    return {values + row * head_dim, value_scales[row]};
+    return {values + row * head_dim, value_scales[row] * Codes::kScale};
   }
   // q . (scale * codes) = scale * (q . codes): one multiply per token, not per element.
   float score(const float* query, Row k) const {
     __m256 acc = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= head_dim; i += 8)
-      acc = _mm256_fmadd_ps(_mm256_loadu_ps(query + i), codes.load8(k.codes + i), acc);
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(query + i), Codes::load8(k.codes + i), acc);
     float sum = horizontal_sum(acc);
-    for (; i < head_dim; ++i) sum += query[i] * codes.load1(k.codes + i);
+    for (; i < head_dim; ++i) sum += query[i] * Codes::load1(k.codes + i);
     return k.scale * sum;
   }
   void add_value(float weight, Row v, float* acc) const {
@@ -144,9 +128,9 @@ struct QuantizedPagedCache {
     const __m256 a = _mm256_set1_ps(alpha);
     int64_t i = 0;
     for (; i + 8 <= head_dim; i += 8)
-      _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(a, codes.load8(v.codes + i),
+      _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(a, Codes::load8(v.codes + i),
                                                 _mm256_loadu_ps(acc + i)));
-    for (; i < head_dim; ++i) acc[i] += alpha * codes.load1(v.codes + i);
+    for (; i < head_dim; ++i) acc[i] += alpha * Codes::load1(v.codes + i);
   }
   [[gnu::always_inline]] void prefetch(int64_t block, int64_t slot, int64_t head) const {
     const int64_t row = index(block, slot, head);
@@ -386,16 +370,14 @@ at::Tensor paged_decode_attention_quantized(const at::Tensor& q, const at::Tenso
   if (values.scalar_type() == at::kChar) {
     const int8_t* keys = values.data_ptr<int8_t>();
     const QuantizedPagedCache<Int8Codes> cache{
-        keys, keys + values.stride(0), key_scales, value_scales, block_size, kv_heads, dim, {}};
+        keys, keys + values.stride(0), key_scales, value_scales, block_size, kv_heads, dim};
     return attend_batch(cache, qc, tables, lens, scale, window);
   }
   TORCH_CHECK(values.scalar_type() == at::kFloat8_e4m3fn, kOp,
               ": values must be int8 or float8_e4m3fn");
   const auto* keys = static_cast<const uint8_t*>(values.data_ptr());
-  const QuantizedPagedCache<Fp8Codes> cache{keys,         keys + values.stride(0),
-                                            key_scales,   value_scales,
-                                            block_size,   kv_heads,
-                                            dim,          {fp8_table()}};
+  const QuantizedPagedCache<Fp8Codes> cache{
+      keys, keys + values.stride(0), key_scales, value_scales, block_size, kv_heads, dim};
   return attend_batch(cache, qc, tables, lens, scale, window);
 }
 

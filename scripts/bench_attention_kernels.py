@@ -1,0 +1,68 @@
+"""How fast the native paged decode attention reads each KV dtype: ms per call.
+
+One decode step's attention for a batch of sequences (SmolLM2's 9 query heads over 3 KV heads,
+head_dim 64) through shuffled block tables, with fp32, int8 and fp8 caches. The dtypes take
+turns, so a slow spell on a shared machine hits them alike; prints the median of the turns.
+
+    .venv/bin/python scripts/bench_attention_kernels.py --batch 64 --tokens 290 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from tokenmill.kernels import ops
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
+
+
+def attention_calls(batch: int, tokens: int) -> dict[str, Callable[[], torch.Tensor]]:
+    gen = torch.Generator().manual_seed(0)
+    per_sequence = -(-tokens // BLOCK_SIZE)
+    blocks = batch * per_sequence
+    tables = torch.randperm(blocks, generator=gen).view(batch, per_sequence).int()
+    lens = torch.full((batch,), tokens, dtype=torch.int32)
+    q = torch.randn(batch, HEADS, HEAD_DIM, generator=gen)
+    shape = (2, blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    fp32 = torch.randn(shape, generator=gen)
+    scales = torch.rand(shape[:-1], generator=gen) / 100
+    int8 = torch.randint(-127, 128, shape, dtype=torch.int8, generator=gen)
+    fp8 = (torch.randn(shape, generator=gen) * 100).to(torch.float8_e4m3fn)
+    scale = HEAD_DIM**-0.5
+    return {
+        "fp32": lambda: ops.paged_decode_attention(q, fp32, tables, lens, scale),
+        "int8": lambda: ops.paged_decode_attention_quantized(q, int8, scales, tables, lens, scale),
+        "fp8": lambda: ops.paged_decode_attention_quantized(q, fp8, scales, tables, lens, scale),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=290, help="context length of each sequence")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--turns", type=int, default=7)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    calls = attention_calls(args.batch, args.tokens)
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    with torch.inference_mode():
+        for _ in range(args.turns):
+            for name, call in calls.items():
+                call()  # warm
+                start = time.perf_counter()
+                for _ in range(5):
+                    call()
+                times[name].append((time.perf_counter() - start) / 5 * 1e3)
+    print(f"kernels: {ops.backend()}, threads: {args.threads}, B={args.batch} x {args.tokens}")
+    for name, values in times.items():
+        print(f"{name:<5} {statistics.median(values):7.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
