@@ -67,6 +67,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         choices=DECODE_LOOPS,
         help="native: a decode step's layers in one C++ call; python: layer by layer",
     )
+    group.add_argument(
+        "--prepack-weights",
+        action=argparse.BooleanOptionalAction,
+        default=defaults["prepack_weights"].default,
+        help="batched products on oneDNN-prepacked copies of the float weights (more memory)",
+    )
     _add_speculative_args(parser, defaults)
 
 

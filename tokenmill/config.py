@@ -116,6 +116,10 @@ class EngineArgs:
     # "native": a decode step's layers in one C++ call when every kernel has a native version
     # (tokenmill/model/decode_loop.py); "python": layer by layer, the baseline.
     decode_loop: str = "native"
+    # Products with more rows than the skinny kernels take (up to 256) run oneDNN's GEMM on a
+    # copy of each float weight laid out for it at engine start (more weight memory); False runs
+    # torch's GEMM on the plain weights, the baseline.
+    prepack_weights: bool = True
     # Speculative decoding (docs/speculative.md); None is the baseline: one target step a token.
     speculative_method: str | None = None
     num_speculative_tokens: int = 4

@@ -441,3 +441,10 @@ def test_n_samples_report_the_prompt_logprobs_once(smollm):
     assert len(out.outputs) == 3
     assert len(out.prompt_logprobs) == len(prompt)
     assert all(entry.top == [] for entry in out.prompt_logprobs[1:])
+
+
+def test_prepacked_weights_give_the_same_greedy_tokens(smollm):
+    """Sixteen prompts prefill together (over a hundred rows: the prepacked products)."""
+    plain = run_all(make_engine(smollm, prepack_weights=False), VARIED_PROMPTS)
+    packed = run_all(make_engine(smollm, prepack_weights=True), VARIED_PROMPTS)
+    assert [o.outputs[0].token_ids for o in packed] == [o.outputs[0].token_ids for o in plain]

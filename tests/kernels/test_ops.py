@@ -57,6 +57,47 @@ def test_linear_keeps_leading_dims_and_uses_torch_for_wide_batches() -> None:
     assert torch.equal(ops.linear(wide, weight, bias), F.linear(wide, weight, bias))
 
 
+needs_onednn = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="torch was built without oneDNN"
+)
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, ops.SKINNY_MAX_ROWS + 1, 100, ops.PREPACKED_MAX_ROWS])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_prepacked_linear_matches_f_linear(rows: int, with_bias: bool) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    weight, x = torch.randn(70, 33, generator=gen), torch.randn(rows, 33, generator=gen)
+    bias = torch.randn(70, generator=gen) if with_bias else None
+    prepacked = ops.prepack_linear_weight(weight, 64)
+    assert prepacked is not None
+    out = ops.linear(x.view(1, rows, 33), weight, bias, prepacked)
+    assert out.shape == (1, rows, 70)
+    assert relative_error(out[0], F.linear(x, weight, bias)) < LINEAR_MAX_RELATIVE_ERROR
+
+
+@needs_onednn
+def test_prepacked_weight_serves_only_inference_batches_up_to_its_limit(monkeypatch) -> None:
+    weight = torch.randn(40, 24)
+    prepacked = ops.prepack_linear_weight(weight, 64)
+    calls: list[int] = []
+    onednn = torch.ops.mkldnn._linear_pointwise
+
+    def counting(x, *args):
+        calls.append(x.shape[0])
+        return onednn(x, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counting)
+    wide = torch.randn(ops.PREPACKED_MAX_ROWS + 1, 24)
+    assert torch.equal(ops.linear(wide, weight, None, prepacked), F.linear(wide, weight))
+    trained = torch.randn(40, 24, requires_grad=True)
+    ops.linear(trained, weight, None, prepacked).sum().backward()  # autograd: torch's GEMM
+    assert trained.grad is not None
+    ops.linear(torch.randn(40, 24), weight, None, prepacked)
+    assert calls == [40]
+    assert ops.prepack_linear_weight(weight.half(), 64) is None
+
+
 def random_paged_batch(
     seq_lens: list[int], heads: int, kv_heads: int, head_dim: int = 64, block_size: int = 16
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -6,8 +6,15 @@ import math
 
 import pytest
 import torch
+from torch.nn import functional as F
 
-from tokenmill.model.layers import RotaryEmbedding, rope_inverse_frequencies
+from tokenmill.model.layers import (
+    Linear,
+    RotaryEmbedding,
+    prepack_linears,
+    rope_inverse_frequencies,
+)
+from tokenmill.quant.int8 import Int8Linear
 
 LLAMA3_SCALING = {
     "rope_type": "llama3",
@@ -50,3 +57,24 @@ def test_rotation_preserves_norm_and_position_zero_is_identity():
     assert torch.allclose(rq.norm(dim=-1), q.norm(dim=-1), atol=1e-5)
     assert torch.equal(rq[0], q[0]) and torch.equal(rk[0], k[0])
     assert not torch.allclose(rq[1:], q[1:])
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_prepack_keeps_one_packed_copy_of_each_float_linear():
+    linear, quantized = Linear(16, 48), Int8Linear.from_float(torch.randn(8, 48))
+    model = torch.nn.Sequential(linear, quantized)
+    x = torch.randn(40, 16)  # wider than the skinny kernels: the prepacked path
+    plain = model(x)
+    prepack_linears(model, 64)
+    packed = linear.prepacked
+    assert packed is not None and not hasattr(quantized, "prepacked")
+    assert not any("prepacked" in name for name in model.state_dict())
+    torch.testing.assert_close(model(x), plain)
+    prepack_linears(model, 64)
+    assert linear.prepacked is packed  # a second engine on the same model reuses it
+    with torch.no_grad():
+        linear.weight.mul_(2)
+    prepack_linears(model, 64)  # packed again from the changed weight
+    torch.testing.assert_close(linear(x), F.linear(x, linear.weight, linear.bias))
+    prepack_linears(model, None)
+    assert linear.prepacked is None

@@ -21,6 +21,7 @@ from tokenmill.engine.scheduler import ScheduledRequest, SchedulerOutput
 from tokenmill.kv.quantized import KVCache, allocate_kv_cache, copy_cache_blocks, kv_head_bytes
 from tokenmill.model.attention import AttentionMetadata
 from tokenmill.model.decode_loop import NativeDecodeLoop
+from tokenmill.model.layers import prepack_linears
 from tokenmill.sampling.sampler import (
     Sampler,
     SamplingRow,
@@ -83,11 +84,15 @@ class ModelRunner:
         proposer: Proposer | None = None,
         drafter_kv_caches: Sequence[KVCache] = (),
         native_decode_loop: bool = True,
+        prepack_batch_hint: int | None = None,
     ) -> None:
         """`kv_caches=None` runs without a KV cache: the scheduler then sends whole sequences.
         `drafter_kv_caches`: a drafter's own KV, addressed through the same block ids.
         `native_decode_loop`: run decode steps' layers in one native call where the model and
-        its weights allow (tokenmill/model/decode_loop.py)."""
+        its weights allow (tokenmill/model/decode_loop.py).
+        `prepack_batch_hint`: lay the float weights out for batched products of about that many
+        rows (`Linear.prepack`); None keeps only the plain weights."""
+        prepack_linears(model, prepack_batch_hint)
         self.model = model
         self.kv_caches = kv_caches
         self.decode_loop = NativeDecodeLoop.build(model, kv_caches) if native_decode_loop else None

@@ -15,14 +15,38 @@ from tokenmill.kernels import ops
 
 class Linear(nn.Linear):
     """nn.Linear whose product goes through the kernel dispatch: batch-1 decode streams its
-    weights through the native AVX2 kernel, wider batches use torch's GEMM."""
+    weights through the native AVX2 kernel, wider batches use torch's GEMM, on a prepacked copy
+    of the weight once `prepack` made one."""
+
+    prepacked: torch.Tensor | None = None
+    # What `prepacked` was made from: (batch hint, weight storage, weight version), so a model
+    # shared by several engines is packed once and a weight changed in place is packed again.
+    _prepacked_from: tuple[int, int, int] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(x, self.weight, self.bias)
+        return ops.linear(x, self.weight, self.bias, self.prepacked)
+
+    def prepack(self, batch_hint: int | None) -> None:
+        """Keeps a copy of the weight laid out for batches of about `batch_hint` rows (oneDNN's
+        blocked format), or drops it (None). Not a parameter: checkpoints never see it."""
+        if batch_hint is None:
+            self.prepacked = self._prepacked_from = None
+            return
+        source = (batch_hint, self.weight.data_ptr(), self.weight._version)
+        if source != self._prepacked_from:
+            self.prepacked = ops.prepack_linear_weight(self.weight, batch_hint)
+            self._prepacked_from = source
 
     def native_kernel(self) -> object | None:
         """These weights bound to their skinny kernel, for the native decode loop (None: none)."""
         return ops.float32_linear_kernel(self.weight, self.bias)
+
+
+def prepack_linears(model: nn.Module, batch_hint: int | None) -> None:
+    """`Linear.prepack` on every float linear of the model (quantized ones have their own)."""
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.prepack(batch_hint)
 
 
 class RMSNorm(nn.Module):
