@@ -473,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--only",
         default=None,
         help="comma-separated: kv-cache,batching,prefix-caching,chunked-prefill,kv-memory,"
-        "speculative,speculative-batch",
+        "speculative,speculative-batch,decode-loop,prepacked-weights",
     )
     add_engine_args(ablate)
     ablate.set_defaults(func=cmd_bench_ablate)

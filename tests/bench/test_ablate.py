@@ -28,6 +28,7 @@ def test_quick_run_writes_table_json_and_one_png_per_experiment(tokenmill_cli, t
         "speculative decoding (eagle)",
         "speculative decoding (ngram, batch)",
         "native decode loop",
+        "prepacked weights",
     }
     for row in payload["rows"]:
         assert row["winner"] in {row["baseline"], row["candidate"], "tie"}, row
