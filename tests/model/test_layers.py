@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -76,5 +77,7 @@ def test_prepack_keeps_one_packed_copy_of_each_float_linear():
         linear.weight.mul_(2)
     prepack_linears(model, 64)  # packed again from the changed weight
     torch.testing.assert_close(linear(x), F.linear(x, linear.weight, linear.bias))
+    copied = copy.deepcopy(model)  # the copy leaves the packed weight behind
+    assert copied[0].prepacked is None and linear.prepacked is not None
     prepack_linears(model, None)
     assert linear.prepacked is None

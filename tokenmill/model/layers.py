@@ -37,6 +37,14 @@ class Linear(nn.Linear):
             self.prepacked = ops.prepack_linear_weight(self.weight, batch_hint)
             self._prepacked_from = source
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies and pickles leave the packed copy behind: oneDNN's opaque tensors cannot be
+        copied, and `prepack` remakes it."""
+        state = dict(super().__getstate__())
+        state.pop("prepacked", None)
+        state.pop("_prepacked_from", None)
+        return state
+
     def native_kernel(self) -> object | None:
         """These weights bound to their skinny kernel, for the native decode loop (None: none)."""
         return ops.float32_linear_kernel(self.weight, self.bias)
