@@ -610,9 +610,9 @@ def quantize_activations_reference(
 
 
 # fp8 weights (tokenmill/quant/fp8.py): qweight float8_e4m3fn [N, K], w = scale * q with one
-# float32 scale per row [N]. Up to SKINNY_MAX_ROWS rows of x, native decodes a few weight rows
-# at a time to fp32 in L1 and multiplies in fp32; wider x, and the reference, multiply by the
-# whole dequantized weight.
+# float32 scale per row [N]. Up to SKINNY_MAX_ROWS rows of x, native decodes the codes to fp32
+# in registers as it loads them and multiplies in fp32; wider x multiplies by the weight
+# dequantized tile by tile, and the reference by the whole dequantized weight.
 
 # fp16 holds e4m3's bits with 8 more exponent bias: decoded values are the e4m3 values * 2^-8.
 FP8_DECODE_SCALE = 256.0

@@ -2,8 +2,8 @@
 handling needed (a float format keeps relative precision at every magnitude).
 
 e4m3 has 3 mantissa bits and reaches +-448, so each row is scaled to put its largest |w| at 448.
-CPUs here cannot multiply fp8: the native kernel decodes a few rows at a time to fp32 in L1
-(`ops.fp8_linear`), so DRAM streams one byte per weight, as for int8.
+CPUs here cannot multiply fp8: the native kernel decodes the codes to fp32 in registers as it
+loads them (`ops.fp8_linear`), so DRAM streams one byte per weight, as for int8.
 """
 
 from __future__ import annotations

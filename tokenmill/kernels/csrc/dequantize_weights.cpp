@@ -100,12 +100,8 @@ at::Tensor dequantize_int4(const at::Tensor& qweight, const at::Tensor& scales,
 }
 
 at::Tensor dequantize_fp8(const at::Tensor& qweight, const at::Tensor& scales) {
-  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kFloat8_e4m3fn &&
-                  qweight.is_contiguous(),
-              "dequantize_fp8: qweight must be a contiguous float8_e4m3fn [N, K]");
+  check_fp8_weight("dequantize_fp8", qweight, scales);
   const int64_t n = qweight.size(0), k = qweight.size(1);
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == n,
-              "dequantize_fp8: scales must be a contiguous float32 [N]");
   at::Tensor out = at::empty({n, k}, scales.options());
   const auto* codes = static_cast<const uint8_t*>(qweight.data_ptr());
   const float* row_scales = scales.data_ptr<float>();

@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "fp8.h"
+#include "quant.h"
 #include "simd.h"
 
 namespace tokenmill {
@@ -186,12 +187,8 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight,
 
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                       const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kFloat8_e4m3fn &&
-                  qweight.is_contiguous(),
-              "fp8_linear: qweight must be a contiguous float8_e4m3fn [N, K]");
+  check_fp8_weight("fp8_linear", qweight, scales);
   const int64_t n = qweight.size(0), k = qweight.size(1);
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == n,
-              "fp8_linear: scales must be a contiguous float32 [N]");
   const at::Tensor xc = check_linear("fp8_linear", x, n, k, bias);
   const Fp8Rows rows{static_cast<const uint8_t*>(qweight.data_ptr()), scales.data_ptr<float>(), k};
   return run(xc, rows, n, bias);

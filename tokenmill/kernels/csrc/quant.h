@@ -1,5 +1,5 @@
 // Shared by the quantized-weight kernels: the integer form the activations take for integer dot
-// products, fp16/fp32 scale loading, and the checks on a packed weight's tensors.
+// products, fp16/fp32 scale loading, and the checks on a packed or fp8 weight's tensors.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -83,6 +83,16 @@ inline void check_packed_weight(const char* op, const at::Tensor& qweight, at::S
                     t.is_contiguous(),
                 op, ": scales/mins must be contiguous [", qweight.size(0), ", ", groups, "]");
   }
+}
+
+// Checks an fp8 weight: contiguous float8_e4m3fn codes [N, K] and contiguous float32 scales [N].
+inline void check_fp8_weight(const char* op, const at::Tensor& qweight, const at::Tensor& scales) {
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kFloat8_e4m3fn &&
+                  qweight.is_contiguous(),
+              op, ": qweight must be a contiguous float8_e4m3fn [N, K]");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() &&
+                  scales.numel() == qweight.size(0),
+              op, ": scales must be a contiguous float32 [N]");
 }
 
 }  // namespace tokenmill
