@@ -88,13 +88,13 @@ def test_applies_to_decodes_and_short_chunks_over_cache_only(smollm, quantized_s
         return AttentionMetadata.build(query_lens, seq_lens, tables, 16, [0] * sum(query_lens))
 
     loop = make_engine(smollm, "native").runner.decode_loop
-    assert loop is not None and loop.max_tokens == ops.SKINNY_MAX_ROWS
+    assert loop is not None and loop.layers.max_tokens == ops.SKINNY_MAX_ROWS
     assert loop.applies(meta([1, 1, 5], [30, 40, 50]))
     assert not loop.applies(meta([1, 20], [30, 20]))  # a prompt prefill
-    assert loop.applies(meta([1] * loop.max_tokens, [30] * loop.max_tokens))
+    assert loop.applies(meta([1] * ops.SKINNY_MAX_ROWS, [30] * ops.SKINNY_MAX_ROWS))
     assert not loop.applies(meta([1] * 33, [30] * 33))  # beyond the skinny kernels
     quantized = make_engine(quantized_smollm("gguf"), "native").runner.decode_loop
-    assert quantized is not None and quantized.max_tokens == ops.QUANT_KERNEL_MAX_ROWS
+    assert quantized is not None and quantized.layers.max_tokens == ops.QUANT_KERNEL_MAX_ROWS
 
 
 def test_stays_off_where_a_kernel_is_missing(smollm, quantized_smollm, monkeypatch):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tokenmill.config import EngineArgs
+from tokenmill.kernels import ops
 from tokenmill.sampling.params import SamplingParams
 from tokenmill.spec.eagle import PACKAGED_HEADS, EagleHead, load_head, save_head
 from tokenmill.spec.setup import eagle_head_path
@@ -41,6 +42,22 @@ def test_greedy_tokens_equal_plain_decoding_and_drafts_are_accepted(runner):
     assert [out.outputs[0].token_ids for out in outputs] == expected
     stats = engine.scheduler.stats
     assert stats.num_accepted_tokens > 0.15 * stats.num_draft_tokens
+
+
+@pytest.mark.skipif(ops.backend() != "native", reason="needs the native kernels")
+def test_the_head_drafts_the_same_through_the_native_loop_as_in_python(runner):
+    prompts = [runner.chat("Explain how a refrigerator keeps food cold.")]
+    counts = []
+    for native in (True, False):
+        engine = runner.engine(speculative_method="eagle")
+        proposer = engine.runner.proposer
+        assert proposer.native is not None
+        if not native:
+            proposer.native = None
+        runner.run(engine, prompts, GREEDY)
+        stats = engine.scheduler.stats
+        counts.append((stats.num_draft_tokens, stats.num_accepted_tokens))
+    assert counts[0] == counts[1]
 
 
 def test_seeded_sampling_with_eagle_equals_plain_decoding_across_preemption(runner):

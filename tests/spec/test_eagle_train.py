@@ -8,7 +8,13 @@ import torch
 from tokenmill.cli import main
 from tokenmill.model.attention import AttentionMetadata
 from tokenmill.spec.eagle import EagleHead, load_head
-from tokenmill.spec.eagle_train import differentiable_forward, training_prompts
+from tokenmill.spec.eagle_train import (
+    TEMPLATES,
+    TOPICS,
+    answer_temperature,
+    differentiable_forward,
+    training_prompts,
+)
 
 
 def test_training_forward_equals_the_inference_forward(smollm):
@@ -29,6 +35,15 @@ def test_training_prompts_are_distinct_and_reproducible():
     prompts = training_prompts(100, seed=3)
     assert len(set(prompts)) == 100
     assert prompts == training_prompts(100, seed=3)
+
+
+def test_repeated_training_prompts_are_answered_by_sampling():
+    distinct = len(TOPICS) * len(TEMPLATES)
+    prompts = training_prompts(2 * distinct, seed=0)
+    assert prompts[distinct:] == prompts[:distinct]
+    greedy = [i for i in range(2 * distinct) if answer_temperature(i) == 0.0]
+    assert len(greedy) == distinct // 2
+    assert len({prompts[i] for i in greedy}) == len(greedy)
 
 
 def test_train_eagle_command_writes_a_head_that_loads(smollm, smollm_path, tmp_path, capsys):

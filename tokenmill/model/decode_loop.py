@@ -29,15 +29,10 @@ from tokenmill.model.llama import LlamaDecoderLayer, LlamaForCausalLM
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
-class NativeDecodeLoop:
-    def __init__(
-        self,
-        model: LlamaForCausalLM | Gemma3ForCausalLM,
-        loop: object,
-        kv_caches: Sequence[KVCache],
-        max_tokens: int,
-    ) -> None:
-        self.model = model
+class NativeLayers:
+    """Decoder layers of one architecture run in one native call over their paged KV caches."""
+
+    def __init__(self, loop: object, kv_caches: Sequence[KVCache], max_tokens: int) -> None:
         self.loop = loop
         self.max_tokens = max_tokens  # the most tokens a step may have to run here
         self.kv_values = [c.values if isinstance(c, QuantizedKVCache) else c for c in kv_caches]
@@ -46,27 +41,27 @@ class NativeDecodeLoop:
 
     @classmethod
     def build(
-        cls, model: nn.Module, kv_caches: Sequence[KVCache] | None
-    ) -> NativeDecodeLoop | None:
-        """The loop for this model and its KV caches, or None when some part of the step has
-        no native kernel (another architecture, a weight format or dtype without one, or the
-        torch kernels)."""
-        if not isinstance(model, LlamaForCausalLM | Gemma3ForCausalLM) or not kv_caches:
+        cls,
+        layers: Sequence[LlamaDecoderLayer | Gemma3DecoderLayer],
+        kv_caches: Sequence[KVCache],
+    ) -> NativeLayers | None:
+        """The native loop over `layers` (one KV cache each), or None when some part of them
+        has no native kernel (a weight format or dtype without one, or the torch kernels)."""
+        weights = [_layer_weights(layer) for layer in layers]
+        if not weights or any(w is None for w in weights):
             return None
-        layers = [_layer_weights(layer) for layer in model.layers]
-        if any(layer is None for layer in layers):
-            return None
-        attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
+        first = layers[0]
+        attn, mlp = first.self_attn, first.mlp
         loop = ops.decode_loop(
-            [weights for weights, _ in layers],
+            [w for w, _ in weights],
             attn.num_heads,
             attn.num_kv_heads,
             attn.head_dim,
-            model.config.rms_norm_eps,
+            first.input_layernorm.eps,
             attn.scale,
             ACTIVATIONS[mlp.activation],
         )
-        return cls(model, loop, kv_caches, min(max_rows for _, max_rows in layers))
+        return cls(loop, kv_caches, min(max_rows for _, max_rows in weights))
 
     def applies(self, meta: AttentionMetadata) -> bool:
         """Every token attends to cached context (no prefill) and the skinny kernels take them."""
@@ -77,13 +72,14 @@ class NativeDecodeLoop:
             and meta.num_tokens <= self.max_tokens
         )
 
-    def __call__(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
-        """The model's final hidden states `[num_tokens, hidden]`, as `model(...)` returns them."""
+    def run(
+        self, hidden: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(last layer's output, residual stream before it) for the first layer's input
+        `hidden`, as the Python layers return them: the final norm adds the two."""
         assert meta.decode is not None and meta.slot_mapping is not None
-        hidden, residual = self.loop.run(
-            self.model.embed(input_ids),
+        return self.loop.run(
+            hidden,
             positions,
             self.kv_values,
             self.kv_scales,
@@ -91,6 +87,35 @@ class NativeDecodeLoop:
             meta.decode.block_tables,
             meta.decode.seq_lens,
         )
+
+
+class NativeDecodeLoop:
+    """A model's decode step: its embedding, its layers in one native call, its final norm."""
+
+    def __init__(self, model: LlamaForCausalLM | Gemma3ForCausalLM, layers: NativeLayers) -> None:
+        self.model = model
+        self.layers = layers
+
+    @classmethod
+    def build(
+        cls, model: nn.Module, kv_caches: Sequence[KVCache] | None
+    ) -> NativeDecodeLoop | None:
+        """The loop for this model and its KV caches, or None when some part of the step has
+        no native kernel (another architecture, a weight format or dtype without one, or the
+        torch kernels)."""
+        if not isinstance(model, LlamaForCausalLM | Gemma3ForCausalLM) or not kv_caches:
+            return None
+        layers = NativeLayers.build(list(model.layers), kv_caches)
+        return None if layers is None else cls(model, layers)
+
+    def applies(self, meta: AttentionMetadata) -> bool:
+        return self.layers.applies(meta)
+
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """The model's final hidden states `[num_tokens, hidden]`, as `model(...)` returns them."""
+        hidden, residual = self.layers.run(self.model.embed(input_ids), positions, meta)
         return self.model.norm(hidden, residual)[0]
 
 

@@ -33,8 +33,10 @@ from tokenmill.engine.runner import allocate_kv_caches, kv_bytes_per_token
 from tokenmill.engine.scheduler import ScheduledRequest
 from tokenmill.loader.model_loader import LoadedModel
 from tokenmill.model.attention import AttentionMetadata
+from tokenmill.model.decode_loop import NativeLayers
 from tokenmill.model.layers import Linear, RMSNorm, RotaryEmbedding
 from tokenmill.model.llama import LlamaDecoderLayer
+from tokenmill.quant.int8 import Int8Linear
 from tokenmill.spec.draft_model import paged_chunk_batch
 from tokenmill.spec.proposer import num_computed_after, token_ids_between
 
@@ -68,11 +70,16 @@ class EagleHead(nn.Module):
         positions: torch.Tensor,
         kv_cache: torch.Tensor | None,
         meta: AttentionMetadata,
+        native: NativeLayers | None = None,
     ) -> torch.Tensor:
         """The predicted next features `[tokens, hidden]` from the embedding of each position's
-        next token and the feature at the position."""
+        next token and the feature at the position. `native`, the decoder layer in one native
+        call (bit-identical), runs the steps it applies to."""
         hidden = self.fc(torch.cat([embeds, features], dim=-1))
-        hidden, residual = self.layer(positions, hidden, None, kv_cache, meta)
+        if native is not None and native.applies(meta):
+            hidden, residual = native.run(hidden, positions, meta)
+        else:
+            hidden, residual = self.layer(positions, hidden, None, kv_cache, meta)
         return self.norm(hidden, residual)[0]
 
 
@@ -118,12 +125,17 @@ class EagleDrafter:
 
     head: EagleHead
     target: nn.Module
-    head_weight: torch.Tensor  # [draft_vocab, hidden]: the target's output rows it scores
+    # The target's output rows for the draft vocabulary, [draft_vocab, hidden], as int8 with a
+    # scale per row: each draft reads them once, and at a quarter of the fp32 bytes scoring
+    # costs less than the head's layer. The drafts are argmaxes, so near-ties may go either
+    # way; the output does not depend on them.
+    scorer: Int8Linear
 
     @classmethod
     def load(cls, path: Path, target: LoadedModel, dtype: torch.dtype) -> EagleDrafter:
         head = load_head(path, target.config, dtype)
-        return cls(head, target.model, output_rows(target.model, head.draft_vocab).to(dtype))
+        scorer = Int8Linear.from_float(output_rows(target.model, head.draft_vocab).float())
+        return cls(head, target.model, scorer)
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         return kv_bytes_per_token(self.head.config, dtype)
@@ -133,8 +145,9 @@ class EagleProposer:
     def __init__(self, drafter: EagleDrafter, num_blocks: int, block_size: int) -> None:
         self.drafter = drafter
         self.block_size = block_size
-        dtype = drafter.head_weight.dtype
+        dtype = drafter.head.fc.weight.dtype
         (self.kv_cache,) = allocate_kv_caches(drafter.head.config, num_blocks, block_size, dtype)
+        self.native = NativeLayers.build([drafter.head.layer], [self.kv_cache])
 
     def propose(
         self,
@@ -179,9 +192,9 @@ class EagleProposer:
             chunks, [c.next_token_ids for c in chunks], self.block_size
         )
         embeds = drafter.target.embed_tokens(ids)
-        out = drafter.head(embeds, features, positions, self.kv_cache, meta)
+        out = drafter.head(embeds, features, positions, self.kv_cache, meta, self.native)
         last = out[rows]
-        best = (last @ drafter.head_weight.T).argmax(dim=-1)
+        best = drafter.scorer(last).argmax(dim=-1)
         return last, drafter.head.draft_vocab[best].tolist()
 
 

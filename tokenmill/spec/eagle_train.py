@@ -105,9 +105,19 @@ TEMPLATES = [
 
 
 def training_prompts(count: int, seed: int) -> list[str]:
+    """Every topic-template pair once, in a seeded order, then the same order again as often as
+    `count` asks: each repeat is answered by sampling (`answer_temperature`), so it adds a new
+    conversation rather than a copy."""
     pairs = [template.format(topic) for topic in TOPICS for template in TEMPLATES]
     random.Random(seed).shuffle(pairs)
-    return pairs[:count]
+    return [pairs[i % len(pairs)] for i in range(count)]
+
+
+def answer_temperature(index: int) -> float:
+    """Greedy for every other prompt of the first pass, which is what greedy users see; sampled
+    for the rest, and for every repeat, whose seed (its index) differs from the first time."""
+    first_pass = index < len(TOPICS) * len(TEMPLATES)
+    return 0.0 if first_pass and index % 2 == 0 else 0.7
 
 
 @dataclass
@@ -137,8 +147,9 @@ def generate_corpus(engine: LLMEngine, config: TrainingConfig) -> list[list[int]
     for index, prompt in enumerate(training_prompts(config.num_prompts, config.seed)):
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], True)
         ids = tokenizer.encode(text, add_special_tokens=False)
-        temperature = 0.0 if index % 2 == 0 else 0.7
-        params = SamplingParams(temperature=temperature, max_tokens=config.max_tokens, seed=index)
+        params = SamplingParams(
+            temperature=answer_temperature(index), max_tokens=config.max_tokens, seed=index
+        )
         engine.add_request(f"eagle-{index}", ids, params)
     corpus: dict[str, list[int]] = {}
     while engine.has_unfinished_requests():
