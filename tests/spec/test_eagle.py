@@ -8,8 +8,9 @@ import torch
 
 from tokenmill.config import EngineArgs
 from tokenmill.kernels import ops
+from tokenmill.quant.int8 import Int8Linear
 from tokenmill.sampling.params import SamplingParams
-from tokenmill.spec.eagle import PACKAGED_HEADS, EagleHead, load_head, save_head
+from tokenmill.spec.eagle import PACKAGED_HEADS, EagleHead, draft_scorer, load_head, save_head
 from tokenmill.spec.setup import eagle_head_path
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32)
@@ -58,6 +59,25 @@ def test_the_head_drafts_the_same_through_the_native_loop_as_in_python(runner):
         stats = engine.scheduler.stats
         counts.append((stats.num_draft_tokens, stats.num_accepted_tokens))
     assert counts[0] == counts[1]
+
+
+def test_draft_rows_are_int8_only_where_the_native_kernel_reads_them(monkeypatch):
+    rows, features = torch.randn(96, 64), torch.randn(3, 64)
+    exact = features @ rows.T
+    with torch.inference_mode():
+        if ops.backend() == "native":
+            scorer = draft_scorer(rows, torch.float32)
+            assert isinstance(scorer, Int8Linear)
+            # Each weight rounds by at most half its row's int8 step.
+            bound = features.abs().sum(1, keepdim=True) * rows.abs().amax(1) / 254
+            assert ((scorer(features) - exact).abs() <= bound + 1e-3).all()
+        half = draft_scorer(rows, torch.bfloat16)
+        assert not isinstance(half, Int8Linear) and half.weight.dtype == torch.bfloat16
+        torch.testing.assert_close(half(features.bfloat16()), exact.bfloat16(), rtol=0.02, atol=0.5)
+        monkeypatch.setattr(ops, "_NATIVE", None)
+        plain = draft_scorer(rows, torch.float32)
+        assert not isinstance(plain, Int8Linear)
+        torch.testing.assert_close(plain(features), exact)
 
 
 def test_seeded_sampling_with_eagle_equals_plain_decoding_across_preemption(runner):

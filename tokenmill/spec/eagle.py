@@ -31,6 +31,7 @@ from torch import nn
 from tokenmill.config import ModelConfig
 from tokenmill.engine.runner import allocate_kv_caches, kv_bytes_per_token
 from tokenmill.engine.scheduler import ScheduledRequest
+from tokenmill.kernels import ops
 from tokenmill.loader.model_loader import LoadedModel
 from tokenmill.model.attention import AttentionMetadata
 from tokenmill.model.decode_loop import NativeLayers
@@ -111,6 +112,19 @@ def load_head(path: Path, target: ModelConfig, dtype: torch.dtype) -> EagleHead:
     return head.to(dtype).eval()
 
 
+def draft_scorer(rows: torch.Tensor, dtype: torch.dtype) -> nn.Module:
+    """The product scoring predicted features against the target's output `rows` for the draft
+    vocabulary. Each draft reads all of them, so where the native int8 kernel serves float32
+    activations they are int8 with a scale per row, a quarter of the bytes; the drafts are
+    argmaxes, so a near-tie may go either way, and the output never depends on it. Anywhere
+    else int8 would mean dequantizing every row for every draft, so they stay as they are."""
+    if dtype == torch.float32 and ops.backend() == "native":
+        return Int8Linear.from_float(rows.float())
+    scorer = Linear(rows.shape[1], rows.shape[0], bias=False, dtype=dtype)
+    scorer.weight.data.copy_(rows)
+    return scorer.requires_grad_(False)
+
+
 def output_rows(target: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
     """Rows of the target's output head for `token_ids` (its embedding when they are tied)."""
     weight = getattr(target.lm_head, "weight", None)
@@ -125,17 +139,13 @@ class EagleDrafter:
 
     head: EagleHead
     target: nn.Module
-    # The target's output rows for the draft vocabulary, [draft_vocab, hidden], as int8 with a
-    # scale per row: each draft reads them once, and at a quarter of the fp32 bytes scoring
-    # costs less than the head's layer. The drafts are argmaxes, so near-ties may go either
-    # way; the output does not depend on them.
-    scorer: Int8Linear
+    scorer: nn.Module  # [hidden] -> [draft_vocab] logits (`draft_scorer`)
 
     @classmethod
     def load(cls, path: Path, target: LoadedModel, dtype: torch.dtype) -> EagleDrafter:
         head = load_head(path, target.config, dtype)
-        scorer = Int8Linear.from_float(output_rows(target.model, head.draft_vocab).float())
-        return cls(head, target.model, scorer)
+        rows = output_rows(target.model, head.draft_vocab)
+        return cls(head, target.model, draft_scorer(rows, dtype))
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         return kv_bytes_per_token(self.head.config, dtype)
