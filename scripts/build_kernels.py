@@ -6,15 +6,20 @@ build fails; tokenmill still works then, on the torch reference kernels.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
 
 def main() -> int:
     start = time.perf_counter()
+    # Importing the tokenmill package would otherwise build and load the extension through
+    # tokenmill.kernels.ops, and after a failed build there, torch's loader, asked again in the
+    # same process, skips the build it remembers and imports the stale library: a broken source
+    # would be reported ready. So the import takes the reference kernels, and the build below
+    # is the only one.
+    os.environ["TOKENMILL_KERNELS"] = "torch"
     try:
-        # Imported here, inside the timing: importing the tokenmill package already loads (and,
-        # on a fresh checkout, builds) the extension through tokenmill.kernels.ops.
         from tokenmill.kernels.build import BUILD_DIR, load_extension
 
         load_extension(verbose="-v" in sys.argv)
