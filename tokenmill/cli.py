@@ -71,7 +71,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--prepack-weights",
         action=argparse.BooleanOptionalAction,
         default=defaults["prepack_weights"].default,
-        help="batched products on oneDNN-prepacked copies of the float weights (more memory)",
+        help="batched products on packed copies of the float weights (more memory)",
     )
     _add_speculative_args(parser, defaults)
 

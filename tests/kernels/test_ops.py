@@ -76,10 +76,28 @@ def test_prepacked_linear_matches_f_linear(rows: int, with_bias: bool) -> None:
     assert relative_error(out[0], F.linear(x, weight, bias)) < LINEAR_MAX_RELATIVE_ERROR
 
 
-@needs_onednn
-def test_prepacked_weight_serves_only_inference_batches_up_to_its_limit(monkeypatch) -> None:
+def assert_prepacked_serves_only_inference_batches_up_to_its_limit(
+    linear_ops, calls: list[int]
+) -> None:
+    """`calls` collects the row counts the prepacked kernel saw."""
     weight = torch.randn(40, 24)
-    prepacked = ops.prepack_linear_weight(weight, 64)
+    prepacked = linear_ops.prepack_linear_weight(weight, 64)
+    wide = torch.randn(linear_ops.PREPACKED_MAX_ROWS + 1, 24)
+    assert torch.equal(linear_ops.linear(wide, weight, None, prepacked), F.linear(wide, weight))
+    trained = torch.randn(40, 24, requires_grad=True)
+    linear_ops.linear(trained, weight, None, prepacked).sum().backward()  # autograd: torch's GEMM
+    assert trained.grad is not None
+    linear_ops.linear(torch.randn(40, 24), weight, None, prepacked)
+    assert calls == [40]
+    assert linear_ops.prepack_linear_weight(weight.half(), 64) is None
+
+
+@needs_onednn
+def test_onednn_prepacked_weight_serves_only_inference_batches_up_to_its_limit(
+    monkeypatch: pytest.MonkeyPatch, reloaded_ops
+) -> None:
+    monkeypatch.setenv(ops.BACKEND_ENV, "torch")
+    torch_ops = reloaded_ops()
     calls: list[int] = []
     onednn = torch.ops.mkldnn._linear_pointwise
 
@@ -88,14 +106,54 @@ def test_prepacked_weight_serves_only_inference_batches_up_to_its_limit(monkeypa
         return onednn(x, *args)
 
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counting)
-    wide = torch.randn(ops.PREPACKED_MAX_ROWS + 1, 24)
-    assert torch.equal(ops.linear(wide, weight, None, prepacked), F.linear(wide, weight))
-    trained = torch.randn(40, 24, requires_grad=True)
-    ops.linear(trained, weight, None, prepacked).sum().backward()  # autograd: torch's GEMM
-    assert trained.grad is not None
-    ops.linear(torch.randn(40, 24), weight, None, prepacked)
-    assert calls == [40]
-    assert ops.prepack_linear_weight(weight.half(), 64) is None
+    assert_prepacked_serves_only_inference_batches_up_to_its_limit(torch_ops, calls)
+
+
+@needs_native
+def test_native_prepacked_weight_serves_only_inference_batches_up_to_its_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+    native = ops._NATIVE
+
+    class Counting:
+        def __getattr__(self, name: str):
+            return getattr(native, name)
+
+        def packed_linear(self, x, *args):
+            calls.append(x.shape[0])
+            return native.packed_linear(x, *args)
+
+    monkeypatch.setattr(ops, "_NATIVE", Counting())
+    assert_prepacked_serves_only_inference_batches_up_to_its_limit(ops, calls)
+
+
+@needs_native
+@pytest.mark.parametrize("k", [1, 7, 64, 577])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_native_packed_linear_matches_f_linear_for_odd_shapes(k: int, with_bias: bool) -> None:
+    """Row counts around the 6-row tile and the 96-row pass, N around the 16-output panel."""
+    gen = torch.Generator().manual_seed(k)
+    for m in (1, 5, 6, 7, 33, 95, 96, 97, 200, ops.PREPACKED_MAX_ROWS):
+        for n in (1, 15, 16, 17, 70):
+            x, weight = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
+            bias = torch.randn(n, generator=gen) if with_bias else None
+            out = ops._NATIVE.packed_linear(x, ops._NATIVE.pack_linear_weight(weight), n, bias)
+            expected = F.linear(x, weight, bias)
+            assert relative_error(out, expected) < LINEAR_MAX_RELATIVE_ERROR, (m, n)
+
+
+@needs_native
+def test_native_packed_linear_rejects_a_weight_it_did_not_pack() -> None:
+    weight, x = torch.randn(40, 24), torch.randn(40, 24)
+    with pytest.raises(RuntimeError, match="pack_linear_weight"):
+        ops._NATIVE.packed_linear(x, weight, 40, None)
+    with pytest.raises(RuntimeError, match="n does not match"):
+        ops._NATIVE.packed_linear(x, ops._NATIVE.pack_linear_weight(weight), 20, None)
+    with pytest.raises(RuntimeError, match="disagree on K"):
+        ops._NATIVE.packed_linear(
+            torch.randn(40, 23), ops._NATIVE.pack_linear_weight(weight), 40, None
+        )
 
 
 def random_paged_batch(
@@ -133,9 +191,11 @@ def test_native_paged_attention_matches_gather_path(heads: int, kv_heads: int, b
 
 @needs_native
 @pytest.mark.parametrize("window", [1, 5, 16, 17, 40, 500])
-def test_native_paged_attention_sliding_window_matches_reference(window: int) -> None:
+@pytest.mark.parametrize("copies", [1, 2], ids=["7-sequences", "14-sequences"])
+def test_native_paged_attention_sliding_window_matches_reference(window: int, copies: int) -> None:
+    """With 2 threads, 7 sequences run as one work item per KV head, 14 as one per sequence."""
     torch.manual_seed(window)
-    q, kv_cache, tables, lens = random_paged_batch([1, 15, 16, 17, 33, 100, 190], 4, 1)
+    q, kv_cache, tables, lens = random_paged_batch([1, 15, 16, 17, 33, 100, 190] * copies, 4, 2)
     out = ops._NATIVE.paged_decode_attention(q, kv_cache, tables, lens, 0.2, window)
     expected = ops.paged_decode_attention_reference(q, kv_cache, tables, lens, 0.2, window)
     assert (out - expected).abs().max().item() < ATTENTION_MAX_ABS_ERROR

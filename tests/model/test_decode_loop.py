@@ -87,12 +87,15 @@ def test_applies_to_decodes_and_short_chunks_over_cache_only(smollm, quantized_s
         tables = [list(range(8))] * len(query_lens)
         return AttentionMetadata.build(query_lens, seq_lens, tables, 16, [0] * sum(query_lens))
 
-    loop = make_engine(smollm, "native").runner.decode_loop
+    loop = make_engine(smollm, "native", prepack_weights=False).runner.decode_loop
     assert loop is not None and loop.layers.max_tokens == ops.SKINNY_MAX_ROWS
     assert loop.applies(meta([1, 1, 5], [30, 40, 50]))
     assert not loop.applies(meta([1, 20], [30, 20]))  # a prompt prefill
     assert loop.applies(meta([1] * ops.SKINNY_MAX_ROWS, [30] * ops.SKINNY_MAX_ROWS))
     assert not loop.applies(meta([1] * 33, [30] * 33))  # beyond the skinny kernels
+    packed = make_engine(smollm, "native").runner.decode_loop  # packed weights: the blocked GEMM
+    assert packed is not None and packed.layers.max_tokens == ops.PREPACKED_MAX_ROWS
+    assert packed.applies(meta([1] * 64, [30] * 64))
     quantized = make_engine(quantized_smollm("gguf"), "native").runner.decode_loop
     assert quantized is not None and quantized.layers.max_tokens == ops.QUANT_KERNEL_MAX_ROWS
 

@@ -24,10 +24,12 @@ BACKEND_ENV = "TOKENMILL_KERNELS"
 # Measured over SmolLM2 layers' four products with weights from DRAM (ms per layer, native vs
 # torch): 24 rows 2.3 vs 2.7, 32 rows 2.8 vs 3.2, 48 rows 4.0 vs 4.0, 64 rows 5.2 vs 4.8.
 SKINNY_MAX_ROWS = 32
-# Up to this many rows of x, oneDNN's GEMM on a weight prepacked for it (`prepack_linear_weight`)
-# beats MKL's on the plain weight; above, MKL is ahead. Over SmolLM2's 120 layer products,
-# GFLOP/s prepacked vs plain: 33 rows 86 vs 58, 64 rows 105 vs 67, 256 rows 128 vs 111, 512
-# rows 119 vs 125, 2048 rows 132 vs 147; at 1 row (no native kernels) 16.5 vs 12.0 GB/s.
+# Up to this many rows of x, a GEMM on a copy of the weight packed for it (`prepack_linear_weight`)
+# beats MKL's on the plain weight; above, MKL is ahead. The copy is the native blocked kernel's
+# panels, or oneDNN's blocked format under torch's kernels. Over SmolLM2's layer products,
+# GFLOP/s oneDNN-prepacked vs plain: 33 rows 86 vs 58, 64 rows 105 vs 67, 256 rows 128 vs 111,
+# 512 rows 119 vs 125, 2048 rows 132 vs 147; at 1 row (no native kernels) 16.5 vs 12.0 GB/s. The
+# native kernel measured 1.1-1.5x oneDNN's at 24-256 rows (csrc/packed_linear.cpp).
 PREPACKED_MAX_ROWS = 256
 
 
@@ -72,21 +74,32 @@ def linear(
     bias: torch.Tensor | None = None,
     prepacked: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`F.linear` (x: [..., K], weight: [N, K], bias: [N]): native when x has at most
-    SKINNY_MAX_ROWS rows, else oneDNN on `prepacked` (from `prepack_linear_weight`) when x has
-    at most PREPACKED_MAX_ROWS, else torch's GEMM."""
-    if _NATIVE is not None and _skinny_linear_fits(x, weight, bias):
-        if x.dim() == 2:  # the usual flat batch; reshaping costs more than the kernel call
-            return _NATIVE.linear(x, weight, bias)
-        out = _NATIVE.linear(x.reshape(-1, x.shape[-1]), weight, bias)
-        return out.view(*x.shape[:-1], weight.shape[0])
-    if (
-        prepacked is not None
-        and x.numel() <= PREPACKED_MAX_ROWS * x.shape[-1]
-        and not (x.requires_grad and torch.is_grad_enabled())
-    ):
-        return torch.ops.mkldnn._linear_pointwise(x, prepacked, bias, "none", [], "")
+    """`F.linear` (x: [..., K], weight: [N, K], bias: [N]). With the native kernels: the packed
+    kernel on `prepacked` (from `prepack_linear_weight`) up to PREPACKED_MAX_ROWS rows of x,
+    else the skinny kernel on the plain weight up to SKINNY_MAX_ROWS. With torch's: oneDNN on
+    `prepacked` up to PREPACKED_MAX_ROWS. Everything else: torch's GEMM on the plain weight."""
+    rows = x.numel() // max(x.shape[-1], 1) if x.dim() >= 1 else 0
+    inference = not (x.requires_grad and torch.is_grad_enabled())
+    packed_fits = prepacked is not None and inference and rows <= PREPACKED_MAX_ROWS
+    if _NATIVE is None:
+        if packed_fits:
+            return torch.ops.mkldnn._linear_pointwise(x, prepacked, bias, "none", [], "")
+        return linear_reference(x, weight, bias)
+    if packed_fits and rows >= 1 and _native_friendly((x,)):
+        n = weight.shape[0]
+        return _flat_rows(_NATIVE.packed_linear, x, n, prepacked, n, bias)
+    if _skinny_linear_fits(x, weight, bias):
+        return _flat_rows(_NATIVE.linear, x, weight.shape[0], weight, bias)
     return linear_reference(x, weight, bias)
+
+
+def _flat_rows(
+    kernel: Callable[..., torch.Tensor], x: torch.Tensor, n: int, *args: Any
+) -> torch.Tensor:
+    """`kernel(x2d, *args)` on x's rows flattened to [M, K], shaped back to [..., n]."""
+    if x.dim() == 2:  # the usual flat batch; reshaping costs more than the kernel call
+        return kernel(x, *args)
+    return kernel(x.reshape(-1, x.shape[-1]), *args).view(*x.shape[:-1], n)
 
 
 def linear_reference(
@@ -108,13 +121,17 @@ def _skinny_linear_fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 
 
 def prepack_linear_weight(weight: torch.Tensor, batch_hint: int) -> torch.Tensor | None:
-    """oneDNN's blocked copy of a float32 weight [N, K], laid out for products with about
-    `batch_hint` rows of x; None where torch was built without oneDNN or the weight is not
-    float32 on the CPU. The copy is extra memory: the plain weight stays for the other paths."""
-    usable = weight.dtype == torch.float32 and weight.is_cpu
-    if not (usable and torch.backends.mkldnn.is_available()):
+    """A copy of a float32 weight [N, K] laid out for batched products: the native blocked
+    kernel's panels, or under torch's kernels oneDNN's blocked format for about `batch_hint` rows
+    of x. None where neither applies (torch without oneDNN, a weight not float32 on the CPU). The
+    copy is extra memory: the plain weight stays for the other paths."""
+    if not (weight.dtype == torch.float32 and weight.is_cpu):
         return None
     with torch.no_grad():
+        if _NATIVE is not None:
+            return _NATIVE.pack_linear_weight(weight.detach())
+        if not torch.backends.mkldnn.is_available():
+            return None
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
 
 
@@ -662,14 +679,17 @@ def dequantize_fp8_reference(qweight: torch.Tensor, scales: torch.Tensor) -> tor
 # makes the same kernel calls as the Python layers, so the two give bit-identical results.
 
 
-def float32_linear_kernel(weight: torch.Tensor, bias: torch.Tensor | None) -> object | None:
-    """The native loop's handle on a float32 linear; None when the native kernels are off or
-    the weights are not contiguous float32."""
+def float32_linear_kernel(
+    weight: torch.Tensor, bias: torch.Tensor | None, prepacked: torch.Tensor | None = None
+) -> object | None:
+    """The native loop's handle on a float32 linear, with its packed copy when it has one
+    (which then serves every product); None when the native kernels are off or the weights
+    are not contiguous float32."""
     tensors = (weight,) if bias is None else (weight, bias)
     usable = all(t.dtype == torch.float32 and t.is_cpu and t.is_contiguous() for t in tensors)
     if _NATIVE is None or not usable:
         return None
-    return _NATIVE.LinearKernel.float32(weight, bias)
+    return _NATIVE.LinearKernel.float32(weight, bias, prepacked)
 
 
 def int8_linear_kernel(
@@ -705,7 +725,10 @@ def fp8_linear_kernel(
 
 def linear_kernel_max_rows(kernel: Any) -> int:
     """The most rows of x the loop may hand this kernel: wider products run elsewhere (torch's
-    GEMM, or the quantized weights expanded tile by tile)."""
+    GEMM, or the quantized weights expanded tile by tile). A float32 weight with a packed copy
+    takes what the blocked GEMM takes."""
+    if kernel.kind == "float32" and kernel.has_packed:
+        return PREPACKED_MAX_ROWS
     return SKINNY_MAX_ROWS if kernel.kind in ("float32", "fp8") else QUANT_KERNEL_MAX_ROWS
 
 

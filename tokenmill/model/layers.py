@@ -14,9 +14,10 @@ from tokenmill.kernels import ops
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose product goes through the kernel dispatch: batch-1 decode streams its
-    weights through the native AVX2 kernel, wider batches use torch's GEMM, on a prepacked copy
-    of the weight once `prepack` made one."""
+    """nn.Linear whose product goes through the kernel dispatch: decode-sized batches stream its
+    weights through the native skinny kernel, wider ones run a blocked GEMM on a packed copy of
+    the weight once `prepack` made one (native, or oneDNN's under torch's kernels), and torch's
+    GEMM otherwise."""
 
     prepacked: torch.Tensor | None = None
     # What `prepacked` was made from: (batch hint, weight storage, weight version), so a model
@@ -27,8 +28,9 @@ class Linear(nn.Linear):
         return ops.linear(x, self.weight, self.bias, self.prepacked)
 
     def prepack(self, batch_hint: int | None) -> None:
-        """Keeps a copy of the weight laid out for batches of about `batch_hint` rows (oneDNN's
-        blocked format), or drops it (None). Not a parameter: checkpoints never see it."""
+        """Keeps a copy of the weight laid out for batched products (`ops.prepack_linear_weight`;
+        oneDNN's format takes `batch_hint`, the rows it expects), or drops it (None). Not a
+        parameter: checkpoints never see it."""
         if batch_hint is None:
             self.prepacked = self._prepacked_from = None
             return
@@ -47,7 +49,7 @@ class Linear(nn.Linear):
 
     def native_kernel(self) -> object | None:
         """These weights bound to their skinny kernel, for the native decode loop (None: none)."""
-        return ops.float32_linear_kernel(self.weight, self.bias)
+        return ops.float32_linear_kernel(self.weight, self.bias, self.prepacked)
 
 
 def prepack_linears(model: nn.Module, batch_hint: int | None) -> None:

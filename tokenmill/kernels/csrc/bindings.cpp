@@ -11,6 +11,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &tokenmill::skinny_linear, "y = x W^T + b for skinny float32 x [M, K]",
         py::arg("x"), py::arg("weight"), py::arg("bias"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("pack_linear_weight", &tokenmill::pack_linear_weight,
+        "float32 W [N, K] as panels of 16 rows, k-major [ceil(N / 16), K, 16], for packed_linear",
+        py::arg("weight"), py::call_guard<py::gil_scoped_release>());
+  m.def("packed_linear", &tokenmill::packed_linear,
+        "y = x W^T + b for float32 x [M, K] with W from pack_linear_weight (n = W's rows)",
+        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("bias"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("fp8_linear", &tokenmill::fp8_linear,
         "y = x W^T + b for skinny float32 x, W fp8 e4m3 with a float32 scale per row",
         py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("bias"),
@@ -64,8 +71,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   using tokenmill::LinearKernel;
   py::class_<LinearKernel>(m, "LinearKernel",
-                           "a linear layer's weights and the skinny kernel that reads them")
-      .def_static("float32", &LinearKernel::float32, py::arg("weight"), py::arg("bias"))
+                           "a linear layer's weights and the kernels that read them")
+      .def_static("float32", &LinearKernel::float32, py::arg("weight"), py::arg("bias"),
+                  py::arg("packed"))
       .def_property_readonly("kind",
                              [](const LinearKernel& k) {
                                switch (k.kind) {
@@ -79,6 +87,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                    return "float32";
                                }
                              })
+      .def_property_readonly("has_packed",
+                             [](const LinearKernel& k) { return k.packed.defined(); })
       .def_static("int8", &LinearKernel::int8, py::arg("qweight"), py::arg("scales"),
                   py::arg("group_size"), py::arg("bias"))
       .def_static("int4", &LinearKernel::int4, py::arg("qweight"), py::arg("scales"),

@@ -12,8 +12,10 @@
 
 namespace tokenmill {
 
-LinearKernel LinearKernel::float32(at::Tensor weight, std::optional<at::Tensor> bias) {
-  return {Kind::kFloat32, std::move(weight), {}, {}, 0, std::move(bias)};
+LinearKernel LinearKernel::float32(at::Tensor weight, std::optional<at::Tensor> bias,
+                                   std::optional<at::Tensor> packed) {
+  return {Kind::kFloat32, std::move(weight), {}, {}, 0, std::move(bias),
+          packed.value_or(at::Tensor())};
 }
 
 LinearKernel LinearKernel::int8(at::Tensor qweight, at::Tensor scales, int64_t group_size,
@@ -35,6 +37,7 @@ LinearKernel LinearKernel::fp8(at::Tensor qweight, at::Tensor scales,
 at::Tensor LinearKernel::operator()(const at::Tensor& x) const {
   switch (kind) {
     case Kind::kFloat32:
+      if (packed.defined()) return packed_linear(x, packed, weight.size(0), bias);
       return skinny_linear(x, weight, bias);
     case Kind::kInt8:
       return int8_linear(x, weight, scales, group_size, bias);

@@ -12,7 +12,9 @@
 
 namespace tokenmill {
 
-// One linear layer's weights in a format the skinny kernels read, and the kernel to use.
+// One linear layer's weights in a format the skinny kernels read, and the kernel to use; a
+// float32 layer may also carry a packed copy (pack_linear_weight), which then serves every
+// product.
 struct LinearKernel {
   enum class Kind { kFloat32, kInt8, kInt4, kFp8 };
 
@@ -22,8 +24,10 @@ struct LinearKernel {
   at::Tensor mins;
   int64_t group_size;
   std::optional<at::Tensor> bias;
+  at::Tensor packed;  // undefined: none
 
-  static LinearKernel float32(at::Tensor weight, std::optional<at::Tensor> bias);
+  static LinearKernel float32(at::Tensor weight, std::optional<at::Tensor> bias,
+                              std::optional<at::Tensor> packed);
   static LinearKernel int8(at::Tensor qweight, at::Tensor scales, int64_t group_size,
                            std::optional<at::Tensor> bias);
   static LinearKernel int4(at::Tensor qweight, at::Tensor scales, at::Tensor mins,
