@@ -132,15 +132,32 @@ def test_native_prepacked_weight_serves_only_inference_batches_up_to_its_limit(
 @pytest.mark.parametrize("k", [1, 7, 64, 577])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_native_packed_linear_matches_f_linear_for_odd_shapes(k: int, with_bias: bool) -> None:
-    """Row counts around the 6-row tile and the 96-row pass, N around the 16-output panel."""
+    """Row counts of the narrow tiles, around the 6-row tile and the 96-row pass; N around the
+    16-output panel and the narrow tiles' groups of panels."""
     gen = torch.Generator().manual_seed(k)
-    for m in (1, 5, 6, 7, 33, 95, 96, 97, 200, ops.PREPACKED_MAX_ROWS):
-        for n in (1, 15, 16, 17, 70):
+    for m in (1, 2, 3, 4, 5, 6, 7, 33, 95, 96, 97, 200, ops.PREPACKED_MAX_ROWS):
+        for n in (1, 15, 16, 17, 70, 129):
             x, weight = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
             bias = torch.randn(n, generator=gen) if with_bias else None
             out = ops._NATIVE.packed_linear(x, ops._NATIVE.pack_linear_weight(weight), n, bias)
             expected = F.linear(x, weight, bias)
             assert relative_error(out, expected) < LINEAR_MAX_RELATIVE_ERROR, (m, n)
+
+
+@needs_native
+def test_native_packed_linear_gives_a_row_the_same_bits_at_any_batch_size() -> None:
+    """Every row count (narrow tiles, the 6-row tile, several passes) computes each output with
+    the same FMAs in the same order, so a request decodes identically alone and in a batch."""
+    gen = torch.Generator().manual_seed(3)
+    weight, bias = torch.randn(70, 200, generator=gen), torch.randn(70, generator=gen)
+    x = torch.randn(130, 200, generator=gen)
+    packed = ops._NATIVE.pack_linear_weight(weight)
+    full = ops._NATIVE.packed_linear(x, packed, 70, bias)
+    for start, m in ((0, 1), (5, 2), (9, 3), (20, 4), (31, 6), (40, 13), (3, 100)):
+        rows = x[start : start + m].contiguous()
+        assert torch.equal(
+            ops._NATIVE.packed_linear(rows, packed, 70, bias), full[start : start + m]
+        )
 
 
 @needs_native

@@ -780,9 +780,11 @@ def decode_loop(ctx: AblateContext) -> Experiment:
 
 def prepacked_weights(ctx: AblateContext) -> Experiment:
     """With every request of the batch workload running at once, decode steps multiply 33-64
-    rows by each weight: too wide for the skinny kernels, and small enough that MKL's GEMM
-    spends much of its time re-blocking the plain weight. A copy laid out for oneDNN once at
-    engine start removes that work from every step."""
+    rows by each weight: too wide for the skinny kernel on the plain weights, and small enough
+    that MKL's GEMM spends much of its time re-blocking them. A copy packed once at engine start
+    (the native kernel's panels, or oneDNN's format under torch's kernels) removes that work
+    from every step. The packed kernel's outputs differ from MKL's in rounding, so the greedy
+    outputs may part where two tokens nearly tie."""
     requests = _batch_requests(ctx.sizes)
     results, tokens = {}, {}
     for name, prepack in (("plain", False), ("prepacked", True)):

@@ -1,18 +1,24 @@
-// Blocked GEMM, y = x W^T + b, for the batched products of a decode step (33 to a few hundred
-// rows of x), on a copy of W packed once at engine start.
+// y = x W^T + b on a copy of W packed once at engine start, for every float32 product of a
+// decode step and short prefills (1 to 256 rows of x).
 //
-// Past the skinny kernel's 32 rows each weight is reused enough that arithmetic, not DRAM,
-// bounds the product, so what matters is keeping both FMA pipes busy. The classic register
-// tile does that: 6 rows of x by 16 outputs held in 12 ymm accumulators, so every step of k
-// loads two vectors of W and six broadcasts of x and issues 12 independent FMAs, enough to
-// cover the FMA latency. For that inner loop to read memory in order, W is packed as panels of
-// 16 output rows, k-major ([N / 16, K, 16]), and each call packs its x the same way, 6 rows
-// per chunk ([M / 6, K, 6], zero rows padding the last chunk). oneDNN's GEMM on its own blocked
-// copy reached 96-131 GFLOP/s on SmolLM2's products at 24-128 rows; this tile 124-165 in the
-// same runs (the machine's peak is about 184).
+// W is packed as panels of 16 output rows, k-major ([N / 16, K, 16]), so every read of it runs
+// forward through memory and 16 outputs take two ymm loads per step of k.
 //
-// The 12 accumulators are named variables, not an array: with an array GCC kept them in memory
-// and stored all twelve on every step of k, which halved the speed.
+// One to three rows of x (decode of a few sequences, a short speculative verification) are
+// bound by DRAM: narrow_tile streams two to four panels at once, each weight vector serving all
+// the rows. One row reads SmolLM2's layer weights at about 31 GB/s this way, where the skinny
+// kernel on the plain [N, K] weight (rows of W, horizontal sums at the end) reached 21.
+//
+// From four rows on, arithmetic bounds the product and the classic register tile keeps both FMA
+// pipes busy: 6 rows of x by 16 outputs in 12 ymm accumulators, so every step of k loads two
+// vectors of W and six broadcasts of x and issues 12 independent FMAs, enough to cover the FMA
+// latency. Each call packs its x the same way, 6 rows per chunk ([M / 6, K, 6], zero rows
+// padding the last chunk). oneDNN's GEMM on its own blocked copy reached 88-134 GFLOP/s on
+// SmolLM2's products at 24-256 rows; this tile 109-155 in the same runs (the machine's peak is
+// about 184).
+//
+// The tile's 12 accumulators are named variables, not an array: with an array there GCC kept
+// them in memory and stored all twelve on every step of k, which halved the speed.
 
 #include <ATen/ATen.h>
 
@@ -78,59 +84,72 @@ void tile(const float* x, const float* w, int64_t k, const float* bias, float* y
   }
 }
 
-// One row of x against Panels adjacent panels, for products of one or two rows, where the tile
-// would leave most of its FMAs on padding. Each output's arithmetic is the tile's, step for step
-// (the same FMAs in the same order of k, then the same bias add), so a row's outputs are
-// bit-identical whatever other rows share its product: a request decodes the same alone and in
-// a batch. Panels streams at once keep enough loads in flight for DRAM's bandwidth.
-template <int Panels>
-void row_panels(const float* x, const float* w, int64_t k, const float* bias, float* y,
-                int64_t n, int64_t first_panel) {
-  __m256 c[Panels][2];
-  for (int p = 0; p < Panels; ++p) c[p][0] = c[p][1] = _mm256_setzero_ps();
+// Rows (1 to 3) rows of x against Panels adjacent panels, for products too narrow to fill the
+// tile, which would spend most of its FMAs on padding and read one weight stream at a time.
+// Each output's arithmetic is the tile's, step for step (the same FMAs in the same order of k,
+// then the same bias add), so a row's outputs are bit-identical whatever other rows share its
+// product: a request decodes the same alone and in a batch. Several panels at once keep enough
+// loads in flight for DRAM's bandwidth, and every weight vector loaded serves all the rows.
+template <int Rows, int Panels>
+void narrow_tile(const float* x, const float* w, int64_t k, const float* bias, float* y,
+                 int64_t n, int64_t first_panel) {
+  __m256 c[Rows][Panels][2];
+  for (int r = 0; r < Rows; ++r)
+    for (int p = 0; p < Panels; ++p) c[r][p][0] = c[r][p][1] = _mm256_setzero_ps();
 #pragma GCC unroll 2
   for (int64_t i = 0; i < k; ++i) {
-    const __m256 a = _mm256_broadcast_ss(x + i);
+    __m256 a[Rows];
+    for (int r = 0; r < Rows; ++r) a[r] = _mm256_broadcast_ss(x + r * k + i);
     for (int p = 0; p < Panels; ++p) {
       const float* panel = w + (p * k + i) * kPanel;
-      c[p][0] = _mm256_fmadd_ps(a, _mm256_load_ps(panel), c[p][0]);
-      c[p][1] = _mm256_fmadd_ps(a, _mm256_load_ps(panel + 8), c[p][1]);
+      const __m256 w0 = _mm256_load_ps(panel), w1 = _mm256_load_ps(panel + 8);
+      for (int r = 0; r < Rows; ++r) {
+        c[r][p][0] = _mm256_fmadd_ps(a[r], w0, c[r][p][0]);
+        c[r][p][1] = _mm256_fmadd_ps(a[r], w1, c[r][p][1]);
+      }
     }
   }
   for (int p = 0; p < Panels; ++p) {
     const int64_t n0 = (first_panel + p) * kPanel, valid = std::min(kPanel, n - n0);
-    alignas(32) float row[kPanel] = {};
-    if (bias != nullptr) std::copy_n(bias + n0, valid, row);
-    const __m256 lo = _mm256_add_ps(c[p][0], _mm256_load_ps(row));
-    const __m256 hi = _mm256_add_ps(c[p][1], _mm256_load_ps(row + 8));
-    _mm256_store_ps(row, lo);
-    _mm256_store_ps(row + 8, hi);
-    std::copy_n(row, valid, y + n0);
+    alignas(32) float b[kPanel] = {};
+    if (bias != nullptr) std::copy_n(bias + n0, valid, b);
+    const __m256 bias_lo = _mm256_load_ps(b), bias_hi = _mm256_load_ps(b + 8);
+    for (int r = 0; r < Rows; ++r) {
+      alignas(32) float row[kPanel];
+      _mm256_store_ps(row, _mm256_add_ps(c[r][p][0], bias_lo));
+      _mm256_store_ps(row + 8, _mm256_add_ps(c[r][p][1], bias_hi));
+      std::copy_n(row, valid, y + r * n + n0);
+    }
   }
 }
 
-// Panels a row_panels call takes: 4 x 2 accumulators, 4 weight streams.
-constexpr int64_t kRowPanels = 4;
-// Up to this many rows of x, each row runs alone through row_panels.
-constexpr int64_t kRowByRowMax = 2;
+// Panels per narrow_tile call for each row count: at most 12 accumulators, as in the tile.
+template <int Rows>
+constexpr int64_t kNarrowPanels = Rows == 1 ? 4 : Rows == 2 ? 3 : 2;
+// Up to this many rows of x, the product runs on narrow_tile.
+constexpr int64_t kNarrowMaxRows = 3;
 
-void row_by_row(const float* x, int64_t m, int64_t k, const float* w, int64_t panels,
-                const float* bias, float* y, int64_t n) {
-  const int64_t groups = (panels + kRowPanels - 1) / kRowPanels;
+// narrow_tile over `count` <= Panels panels: only the last group of a product is short.
+template <int Rows, int Panels>
+void narrow_group(int64_t count, const float* x, const float* w, int64_t k, const float* bias,
+                  float* y, int64_t n, int64_t first_panel) {
+  if constexpr (Panels > 1) {
+    if (count < Panels)
+      return narrow_group<Rows, Panels - 1>(count, x, w, k, bias, y, n, first_panel);
+  }
+  narrow_tile<Rows, Panels>(x, w, k, bias, y, n, first_panel);
+}
+
+template <int Rows>
+void narrow_product(const float* x, int64_t k, const float* w, int64_t panels,
+                    const float* bias, float* y, int64_t n) {
+  constexpr int64_t kGroup = kNarrowPanels<Rows>;
+  const int64_t groups = (panels + kGroup - 1) / kGroup;
 #pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < groups; ++g) {
-    const int64_t first = g * kRowPanels, count = std::min(kRowPanels, panels - first);
-    const float* wg = w + first * k * kPanel;
-    for (int64_t r = 0; r < m; ++r) {
-      const float* xr = x + r * k;
-      float* yr = y + r * n;
-      switch (count) {
-        case 4: row_panels<4>(xr, wg, k, bias, yr, n, first); break;
-        case 3: row_panels<3>(xr, wg, k, bias, yr, n, first); break;
-        case 2: row_panels<2>(xr, wg, k, bias, yr, n, first); break;
-        default: row_panels<1>(xr, wg, k, bias, yr, n, first); break;
-      }
-    }
+    const int64_t first = g * kGroup;
+    narrow_group<Rows, kGroup>(std::min(kGroup, panels - first), x, w + first * k * kPanel, k,
+                               bias, y, n, first);
   }
 }
 
@@ -173,9 +192,10 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
               "packed_linear: packed weight must be 32-byte aligned");
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty({m, n}, x.options());
-  if (m <= kRowByRowMax) {
-    row_by_row(xc.data_ptr<float>(), m, k, packed.data_ptr<float>(), panels,
-               bias.has_value() ? bias->data_ptr<float>() : nullptr, y.data_ptr<float>(), n);
+  if (m <= kNarrowMaxRows) {
+    const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+    const auto product = m == 1 ? narrow_product<1> : m == 2 ? narrow_product<2> : narrow_product<3>;
+    product(xc.data_ptr<float>(), k, packed.data_ptr<float>(), panels, b, y.data_ptr<float>(), n);
     return y;
   }
   const int64_t chunks = (m + kChunk - 1) / kChunk;
