@@ -36,6 +36,34 @@ constexpr int64_t kChunk = 6;   // rows of x per register tile
 // stays in L2 while every panel reads it.
 constexpr int64_t kRowsPerPass = 96;
 
+// A panel's 16 biases as two vectors: 0 past its last output (`valid` of them) and without a
+// bias, and never read past the bias's end.
+struct PanelBias {
+  __m256 lo, hi;
+};
+
+PanelBias panel_bias(const float* bias, int64_t valid) {
+  alignas(32) float b[kPanel] = {};
+  if (bias != nullptr) std::copy_n(bias, valid, b);
+  return {_mm256_load_ps(b), _mm256_load_ps(b + 8)};
+}
+
+// y[0, valid) = one row's 16 sums of a panel plus its biases. Both tiles end here, so a row's
+// outputs take the same last add whichever tile computed them.
+void store_outputs(__m256 lo, __m256 hi, const PanelBias& bias, float* y, int64_t valid) {
+  lo = _mm256_add_ps(lo, bias.lo);
+  hi = _mm256_add_ps(hi, bias.hi);
+  if (valid == kPanel) {
+    _mm256_storeu_ps(y, lo);
+    _mm256_storeu_ps(y + 8, hi);
+    return;
+  }
+  alignas(32) float row[kPanel];  // the last panel of an N that is not a multiple of 16
+  _mm256_store_ps(row, lo);
+  _mm256_store_ps(row + 8, hi);
+  std::copy_n(row, valid, y);
+}
+
 // out[i] (i < rows) = 16 outputs of row i of the chunk, from the packed chunk x [K, 6] and
 // panel w [K, 16].
 void tile(const float* x, const float* w, int64_t k, const float* bias, float* y, int64_t ldy,
@@ -67,24 +95,12 @@ void tile(const float* x, const float* w, int64_t k, const float* bias, float* y
   }
   const __m256 sums[kChunk][2] = {{c00, c01}, {c10, c11}, {c20, c21},
                                   {c30, c31}, {c40, c41}, {c50, c51}};
-  alignas(32) float row[kPanel] = {};
-  if (bias != nullptr) std::copy_n(bias, valid, row);  // never read past the bias's end
-  const __m256 bias_lo = _mm256_load_ps(row), bias_hi = _mm256_load_ps(row + 8);
-  for (int64_t r = 0; r < rows; ++r) {
-    const __m256 lo = _mm256_add_ps(sums[r][0], bias_lo);
-    const __m256 hi = _mm256_add_ps(sums[r][1], bias_hi);
-    if (valid == kPanel) {
-      _mm256_storeu_ps(y + r * ldy, lo);
-      _mm256_storeu_ps(y + r * ldy + 8, hi);
-    } else {  // the last panel of an N that is not a multiple of 16
-      _mm256_store_ps(row, lo);
-      _mm256_store_ps(row + 8, hi);
-      std::copy_n(row, valid, y + r * ldy);
-    }
-  }
+  const PanelBias panel = panel_bias(bias, valid);
+  for (int64_t r = 0; r < rows; ++r)
+    store_outputs(sums[r][0], sums[r][1], panel, y + r * ldy, valid);
 }
 
-// Rows (1 to 3) rows of x against Panels adjacent panels, for products too narrow to fill the
+// `Rows` (1 to 3) rows of x against Panels adjacent panels, for products too narrow to fill the
 // tile, which would spend most of its FMAs on padding and read one weight stream at a time.
 // Each output's arithmetic is the tile's, step for step (the same FMAs in the same order of k,
 // then the same bias add), so a row's outputs are bit-identical whatever other rows share its
@@ -111,15 +127,9 @@ void narrow_tile(const float* x, const float* w, int64_t k, const float* bias, f
   }
   for (int p = 0; p < Panels; ++p) {
     const int64_t n0 = (first_panel + p) * kPanel, valid = std::min(kPanel, n - n0);
-    alignas(32) float b[kPanel] = {};
-    if (bias != nullptr) std::copy_n(bias + n0, valid, b);
-    const __m256 bias_lo = _mm256_load_ps(b), bias_hi = _mm256_load_ps(b + 8);
-    for (int r = 0; r < Rows; ++r) {
-      alignas(32) float row[kPanel];
-      _mm256_store_ps(row, _mm256_add_ps(c[r][p][0], bias_lo));
-      _mm256_store_ps(row + 8, _mm256_add_ps(c[r][p][1], bias_hi));
-      std::copy_n(row, valid, y + r * n + n0);
-    }
+    const PanelBias panel = panel_bias(bias == nullptr ? nullptr : bias + n0, valid);
+    for (int r = 0; r < Rows; ++r)
+      store_outputs(c[r][p][0], c[r][p][1], panel, y + r * n + n0, valid);
   }
 }
 
@@ -177,7 +187,8 @@ at::Tensor pack_linear_weight(const at::Tensor& weight) {
 
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                          const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "packed_linear: x must be float32 [M, K]");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat,
+              "packed_linear: x must be float32 [M, K]");
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kPanel && packed.is_contiguous() &&
                   packed.scalar_type() == at::kFloat,
               "packed_linear: packed must come from pack_linear_weight");
@@ -192,19 +203,19 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
               "packed_linear: packed weight must be 32-byte aligned");
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty({m, n}, x.options());
+  const float* xs = xc.data_ptr<float>();
+  const float* w = packed.data_ptr<float>();
+  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  float* out = y.data_ptr<float>();
   if (m <= kNarrowMaxRows) {
-    const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-    const auto product = m == 1 ? narrow_product<1> : m == 2 ? narrow_product<2> : narrow_product<3>;
-    product(xc.data_ptr<float>(), k, packed.data_ptr<float>(), panels, b, y.data_ptr<float>(), n);
+    const auto product =
+        m == 1 ? narrow_product<1> : m == 2 ? narrow_product<2> : narrow_product<3>;
+    product(xs, k, w, panels, b, out, n);
     return y;
   }
   const int64_t chunks = (m + kChunk - 1) / kChunk;
   at::Tensor x_packed = at::empty({chunks, k, kChunk}, x.options());
-  const float* xs = xc.data_ptr<float>();
-  const float* w = packed.data_ptr<float>();
-  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* xp = x_packed.data_ptr<float>();
-  float* out = y.data_ptr<float>();
   constexpr int64_t kChunksPerPass = kRowsPerPass / kChunk;
 #pragma omp parallel
   {
