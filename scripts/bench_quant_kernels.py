@@ -38,7 +38,8 @@ def packed_product(fmt: str, n: int, k: int, gen: torch.Generator) -> tuple[Prod
         dtype = torch.float32 if fmt == "int8" else torch.float16
         qweight = torch.randint(-127, 128, (n, -(-k // 32) * 32), dtype=torch.int8, generator=gen)
         scales = torch.rand(n, -(-k // group), generator=gen).to(dtype) / 100
-        return (lambda x: ops.int8_linear(x, qweight, scales, group)), (
+        panels = ops.pack_int8_panels(qweight, scales)
+        return (lambda x: ops.int8_linear(x, qweight, scales, group, None, panels)), (
             qweight.nbytes + scales.nbytes
         )
     group = 128 if fmt == "int4-g128" else 32
@@ -46,7 +47,8 @@ def packed_product(fmt: str, n: int, k: int, gen: torch.Generator) -> tuple[Prod
     scales = torch.rand(n, -(-k // group), generator=gen).half() / 100
     mins = -scales * 8
     nbytes = qweight.nbytes + scales.nbytes + mins.nbytes
-    return (lambda x: ops.int4_linear(x, qweight, scales, mins, group)), nbytes
+    panels = ops.pack_int4_panels(qweight, scales, mins, k)
+    return (lambda x: ops.int4_linear(x, qweight, scales, mins, group, None, panels)), nbytes
 
 
 def stream_rate(fmt: str, rows: int, total_bytes: float, passes: int) -> float:

@@ -18,6 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from tokenmill.kernels import ops
+from tokenmill.quant.int4 import pack_int4
 
 KERNEL_MAX_RELATIVE_ERROR = 1e-5
 DEQUANTIZE_MAX_RELATIVE_ERROR = 1e-6
@@ -78,12 +79,13 @@ def test_native_int8_linear_matches_reference(
     k: int, group_size: int | None, scale_dtype: torch.dtype
 ) -> None:
     gen = torch.Generator().manual_seed(k)
-    for rows in (1, 2, 3, 8, 16, ops.QUANT_KERNEL_MAX_ROWS):
+    for rows in (1, 2, 3, 4, 5, 8, 16, ops.QUANT_KERNEL_MAX_ROWS):
         n = int(torch.randint(1, 70, (1,), generator=gen))
         qweight, scales, group = random_int8(n, k, group_size, scale_dtype, gen)
         x = torch.randn(rows, k, generator=gen)
         bias = torch.randn(n, generator=gen) if rows % 2 else None
-        out = ops._NATIVE.int8_linear(x, qweight, scales, group, bias)
+        panels = ops.pack_int8_panels(qweight, scales)
+        out = ops._NATIVE.int8_linear(x, panels.values, panels.scales, n, group, bias)
         expected = ops.int8_linear_reference(x, qweight, scales, group, bias)
         assert relative_error(out, expected) < KERNEL_MAX_RELATIVE_ERROR, (rows, n)
 
@@ -96,12 +98,15 @@ def test_native_int4_linear_matches_reference(
     k: int, group_size: int, scale_dtype: torch.dtype
 ) -> None:
     gen = torch.Generator().manual_seed(k)
-    for rows in (1, 2, 3, 8, 16, ops.QUANT_KERNEL_MAX_ROWS):
+    for rows in (1, 2, 3, 4, 5, 8, 16, ops.QUANT_KERNEL_MAX_ROWS):
         n = int(torch.randint(1, 70, (1,), generator=gen))
         qweight, scales, mins = random_int4(n, k, group_size, scale_dtype, gen)
         x = torch.randn(rows, k, generator=gen)
         bias = torch.randn(n, generator=gen) if rows % 2 else None
-        out = ops._NATIVE.int4_linear(x, qweight, scales, mins, group_size, bias)
+        panels = ops.pack_int4_panels(qweight, scales, mins, k)
+        out = ops._NATIVE.int4_linear(
+            x, panels.values, panels.scales, panels.mins, n, group_size, bias
+        )
         expected = ops.int4_linear_reference(x, qweight, scales, mins, group_size, bias)
         assert relative_error(out, expected) < KERNEL_MAX_RELATIVE_ERROR, (rows, n)
 
@@ -167,13 +172,30 @@ def test_leading_dimensions_are_kept() -> None:
 def test_native_kernels_reject_inconsistent_shapes() -> None:
     gen = torch.Generator().manual_seed(2)
     qweight, scales, mins = random_int4(8, 64, 32, torch.float16, gen)
+    values, scales, mins, n = ops.pack_int4_panels(qweight, scales, mins, 64)
     x = torch.randn(1, 64)
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        ops._NATIVE.int4_linear(x, qweight, scales, mins, 48, None)
-    with pytest.raises(RuntimeError, match="bytes"):
-        ops._NATIVE.int4_linear(torch.randn(1, 65), qweight, scales, mins, 32, None)
-    with pytest.raises(RuntimeError, match="share a dtype"):
-        ops._NATIVE.int4_linear(x, qweight, scales, mins.float(), 32, None)
+        ops._NATIVE.int4_linear(x, values, scales, mins, n, 48, None)
+    with pytest.raises(RuntimeError, match="values must be"):
+        ops._NATIVE.int4_linear(torch.randn(1, 65), values, scales, mins, n, 32, None)
+    with pytest.raises(RuntimeError, match="values must be"):
+        ops._NATIVE.int4_linear(x, values, scales, mins, 9, 32, None)
+    with pytest.raises(RuntimeError, match="one dtype"):
+        ops._NATIVE.int4_linear(x, values, scales, mins.float(), n, 32, None)
+
+
+def test_int4_panels_put_each_row_in_its_own_lane() -> None:
+    """Input 8v + j of row r sits in byte 4r + j of vector v (low nibble), 8v + 4 + j in its
+    high nibble; rows past N are zero."""
+    codes = torch.randint(0, 16, (11, 64), dtype=torch.uint8, generator=torch.Generator())
+    groups = torch.ones(11, 2, dtype=torch.float16)
+    panels = ops.pack_int4_panels(pack_int4(codes), groups, groups, 64)
+    qweight = panels.values.view(2, 2, 4, 8, 4)  # [panel, block, vector, row, byte]
+    for r, k in ((0, 0), (3, 13), (10, 63), (8, 36)):
+        block, v, j, high = k // 32, k % 32 // 8, k % 4, k % 8 >= 4
+        byte = int(qweight[r // 8, block, v, r % 8, j])
+        assert (byte >> 4 if high else byte & 0x0F) == codes[r, k]
+    assert not qweight[1, :, :, 3:].any()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.nn import functional as F
@@ -433,6 +433,9 @@ def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
 #         take 32 bytes, input i in the low nibble of byte i, input 32 + i in its high nibble.
 # scales (and mins) are [N, ceil(K / group_size)], float16 or float32.
 #
+# That row-major form is what checkpoints hold. The native kernels read a copy regrouped into
+# panels of 8 rows (`pack_int8_panels`, `pack_int4_panels`; the quantized layers keep it).
+#
 # For up to QUANT_KERNEL_MAX_ROWS rows, native rounds x per block of 32 to integers (int8,
 # scale max|x| / 127, for int4 weights, as llama.cpp does; int16, max|x| / 32767, for int8
 # weights) and multiplies in integers; the references round x the same way before an fp32
@@ -450,26 +453,78 @@ INT8_WEIGHT_ACTIVATION_BITS = 16
 INT4_WEIGHT_ACTIVATION_BITS = 8
 
 
+class QuantPanels(NamedTuple):
+    """A quantized weight regrouped for the native kernels (csrc/panel_linear.cpp): panels of
+    PANEL_ROWS output rows whose codes interleave so that each SIMD lane holds one row."""
+
+    values: torch.Tensor  # uint8 [panels, blocks * bytes per block]
+    scales: torch.Tensor  # [panels, groups, PANEL_ROWS]
+    mins: torch.Tensor | None  # int4's, like scales
+    out_features: int
+
+
+PANEL_ROWS = 8
+
+
+def _panel_rows(t: torch.Tensor) -> torch.Tensor:
+    """t [N, ...] zero-padded to whole panels, as [panels, PANEL_ROWS, ...]."""
+    padded = F.pad(t, (0, 0) * (t.dim() - 1) + (0, -t.shape[0] % PANEL_ROWS))
+    return padded.view(-1, PANEL_ROWS, *t.shape[1:])
+
+
+def _panel_groups(per_group: torch.Tensor) -> torch.Tensor:
+    """[N, groups] -> [panels, groups, PANEL_ROWS]."""
+    return _panel_rows(per_group).transpose(1, 2).contiguous()
+
+
+def pack_int4_panels(
+    qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, in_features: int
+) -> QuantPanels:
+    """The int4 weight (qweight, scales, mins) in panels: per panel and block of 32 inputs, four
+    32-byte vectors; vector v gives row r the 4 bytes of lane r, byte j holding input 8v + j in
+    its low nibble and 8v + 4 + j in its high one."""
+    blocks = -(-in_features // QUANT_BLOCK)
+    codes = unpack_int4(qweight, qweight.shape[1] * 2)[:, : blocks * QUANT_BLOCK]
+    # [panels, row, block, v, half, j] -> [panels, block, v, row, j, half]
+    split = _panel_rows(codes).view(-1, PANEL_ROWS, blocks, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    values = (split[..., 0] | (split[..., 1] << 4)).contiguous().view(split.shape[0], -1)
+    return QuantPanels(values, _panel_groups(scales), _panel_groups(mins), qweight.shape[0])
+
+
+def pack_int8_panels(qweight: torch.Tensor, scales: torch.Tensor) -> QuantPanels:
+    """The int8 weight (qweight, scales) in panels: per panel and block of 32 inputs, sixteen
+    16-byte units; unit u gives row r bytes 2r and 2r + 1, inputs 2u and 2u + 1."""
+    codes = _panel_rows(qweight.view(torch.uint8))
+    # [panels, row, block, u, j] -> [panels, block, u, row, j]
+    split = codes.view(codes.shape[0], PANEL_ROWS, -1, 16, 2).permute(0, 2, 3, 1, 4)
+    values = split.contiguous().view(codes.shape[0], -1)
+    return QuantPanels(values, _panel_groups(scales), None, qweight.shape[0])
+
+
 def int8_linear(
     x: torch.Tensor,
     qweight: torch.Tensor,
     scales: torch.Tensor,
     group_size: int,
     bias: torch.Tensor | None = None,
+    panels: QuantPanels | None = None,
 ) -> torch.Tensor:
-    """`F.linear(x, w, bias)` for the int8 weight w = (qweight, scales); x: [..., K]."""
+    """`F.linear(x, w, bias)` for the int8 weight w = (qweight, scales); x: [..., K]. `panels`
+    is w from `pack_int8_panels`, which the native kernel reads (packed here when not given)."""
     if _NATIVE is None or not _quantized_fits(x, bias):
         return int8_linear_reference(x, qweight, scales, group_size, bias)
-    if x.dim() == 2 and x.shape[0] <= QUANT_KERNEL_MAX_ROWS:  # decode: skip the reshapes
-        return _NATIVE.int8_linear(x, qweight, scales, group_size, bias)
-    flat = x.reshape(-1, x.shape[-1])
+    flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if flat.shape[0] > QUANT_KERNEL_MAX_ROWS:
         rows = lambda part: _NATIVE.dequantize_int8(  # noqa: E731
             qweight[part], scales[part], group_size, x.shape[-1]
         )
         return _tiled_dequantized_linear(flat, x.shape, qweight.shape[0], rows, bias)
-    out = _NATIVE.int8_linear(flat, qweight, scales, group_size, bias)
-    return out.view(*x.shape[:-1], qweight.shape[0])
+    if panels is None:
+        panels = pack_int8_panels(qweight, scales)
+    out = _NATIVE.int8_linear(
+        flat, panels.values, panels.scales, panels.out_features, group_size, bias
+    )
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], qweight.shape[0])
 
 
 def int8_linear_reference(
@@ -491,20 +546,25 @@ def int4_linear(
     mins: torch.Tensor,
     group_size: int,
     bias: torch.Tensor | None = None,
+    panels: QuantPanels | None = None,
 ) -> torch.Tensor:
-    """`F.linear(x, w, bias)` for the int4 weight w = (qweight, scales, mins); x: [..., K]."""
+    """`F.linear(x, w, bias)` for the int4 weight w = (qweight, scales, mins); x: [..., K].
+    `panels` is w from `pack_int4_panels`, which the native kernel reads (packed here when not
+    given)."""
     if _NATIVE is None or not _quantized_fits(x, bias):
         return int4_linear_reference(x, qweight, scales, mins, group_size, bias)
-    if x.dim() == 2 and x.shape[0] <= QUANT_KERNEL_MAX_ROWS:  # decode: skip the reshapes
-        return _NATIVE.int4_linear(x, qweight, scales, mins, group_size, bias)
-    flat = x.reshape(-1, x.shape[-1])
+    flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if flat.shape[0] > QUANT_KERNEL_MAX_ROWS:
         rows = lambda part: _NATIVE.dequantize_int4(  # noqa: E731
             qweight[part], scales[part], mins[part], group_size, x.shape[-1]
         )
         return _tiled_dequantized_linear(flat, x.shape, qweight.shape[0], rows, bias)
-    out = _NATIVE.int4_linear(flat, qweight, scales, mins, group_size, bias)
-    return out.view(*x.shape[:-1], qweight.shape[0])
+    if panels is None:
+        panels = pack_int4_panels(qweight, scales, mins, x.shape[-1])
+    out = _NATIVE.int4_linear(
+        flat, panels.values, panels.scales, panels.mins, panels.out_features, group_size, bias
+    )
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], qweight.shape[0])
 
 
 def int4_linear_reference(
@@ -693,25 +753,25 @@ def float32_linear_kernel(
 
 
 def int8_linear_kernel(
-    qweight: torch.Tensor, scales: torch.Tensor, group_size: int, bias: torch.Tensor | None
+    panels: QuantPanels | None, group_size: int, bias: torch.Tensor | None
 ) -> object | None:
-    """The native loop's handle on an int8 linear (the layout of `int8_linear`)."""
-    if _NATIVE is None or not (bias is None or bias.dtype == torch.float32):
+    """The native loop's handle on an int8 linear, from its `pack_int8_panels` form."""
+    if _NATIVE is None or panels is None or not (bias is None or bias.dtype == torch.float32):
         return None
-    return _NATIVE.LinearKernel.int8(qweight, scales, group_size, bias)
+    return _NATIVE.LinearKernel.int8(
+        panels.values, panels.scales, panels.out_features, group_size, bias
+    )
 
 
 def int4_linear_kernel(
-    qweight: torch.Tensor,
-    scales: torch.Tensor,
-    mins: torch.Tensor,
-    group_size: int,
-    bias: torch.Tensor | None,
+    panels: QuantPanels | None, group_size: int, bias: torch.Tensor | None
 ) -> object | None:
-    """The native loop's handle on an int4 linear (the layout of `int4_linear`)."""
-    if _NATIVE is None or not (bias is None or bias.dtype == torch.float32):
+    """The native loop's handle on an int4 linear, from its `pack_int4_panels` form."""
+    if _NATIVE is None or panels is None or not (bias is None or bias.dtype == torch.float32):
         return None
-    return _NATIVE.LinearKernel.int4(qweight, scales, mins, group_size, bias)
+    return _NATIVE.LinearKernel.int4(
+        panels.values, panels.scales, panels.mins, panels.out_features, group_size, bias
+    )
 
 
 def fp8_linear_kernel(

@@ -21,6 +21,7 @@ from tokenmill.quant.linear import (
     LM_HEAD,
     QUANT_BLOCK,
     QUANTIZE_CHUNK_ROWS,
+    PanelCache,
     QuantLinear,
     check_group_size,
     frozen,
@@ -57,14 +58,21 @@ class Int4Linear(QuantLinear):
         self.qweight = frozen(torch.zeros(out_features, row_bytes, dtype=torch.uint8))
         self.scales = frozen(torch.zeros(out_features, groups, dtype=torch.float16))
         self.mins = frozen(torch.zeros(out_features, groups, dtype=torch.float16))
+        self._panels = PanelCache()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.int4_linear(x, self.qweight, self.scales, self.mins, self.group_size, self.bias)
+        return ops.int4_linear(
+            x, self.qweight, self.scales, self.mins, self.group_size, self.bias, self.panels()
+        )
+
+    def panels(self) -> ops.QuantPanels | None:
+        return self._panels.get(
+            (self.qweight, self.scales, self.mins),
+            lambda: ops.pack_int4_panels(self.qweight, self.scales, self.mins, self.in_features),
+        )
 
     def native_kernel(self) -> object | None:
-        return ops.int4_linear_kernel(
-            self.qweight, self.scales, self.mins, self.group_size, self.bias
-        )
+        return ops.int4_linear_kernel(self.panels(), self.group_size, self.bias)
 
     def dequantize(self) -> torch.Tensor:
         return ops.dequantize_int4(

@@ -16,6 +16,7 @@ from tokenmill.model.layers import Linear
 from tokenmill.quant.linear import (
     QUANT_BLOCK,
     QUANTIZE_CHUNK_ROWS,
+    PanelCache,
     QuantLinear,
     check_group_size,
     frozen,
@@ -48,12 +49,20 @@ class Int8Linear(QuantLinear):
         groups = num_groups(in_features, self.kernel_group_size)
         self.qweight = frozen(torch.zeros(out_features, row_bytes, dtype=torch.int8))
         self.scales = frozen(torch.zeros(out_features, groups, dtype=scale_dtype))
+        self._panels = PanelCache()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.int8_linear(x, self.qweight, self.scales, self.kernel_group_size, self.bias)
+        return ops.int8_linear(
+            x, self.qweight, self.scales, self.kernel_group_size, self.bias, self.panels()
+        )
+
+    def panels(self) -> ops.QuantPanels | None:
+        return self._panels.get(
+            (self.qweight, self.scales), lambda: ops.pack_int8_panels(self.qweight, self.scales)
+        )
 
     def native_kernel(self) -> object | None:
-        return ops.int8_linear_kernel(self.qweight, self.scales, self.kernel_group_size, self.bias)
+        return ops.int8_linear_kernel(self.panels(), self.kernel_group_size, self.bias)
 
     def dequantize(self) -> torch.Tensor:
         return ops.dequantize_int8(

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tokenmill.kernels import ops
 from tokenmill.model.layers import Linear
 
 # Inputs per quantization block: every group size is a multiple of it.
@@ -73,6 +74,31 @@ class QuantLinear(nn.Module, ABC):
     def extra_repr(self) -> str:
         options = ", ".join(f"{k}={v}" for k, v in self.format().items() if k != "kind")
         return f"in_features={self.in_features}, out_features={self.out_features}, {options}"
+
+
+class PanelCache:
+    """A quantized layer's weight regrouped for the native kernels (`ops.QuantPanels`), made on
+    first use and again whenever the row-major tensors it came from change (a checkpoint loaded
+    into them, a copy of the layer). Not a parameter: checkpoints hold only the row-major form,
+    which the reference path and the wide products read."""
+
+    def __init__(self) -> None:
+        self._panels: ops.QuantPanels | None = None
+        self._source: tuple[tuple[int, int], ...] | None = None
+
+    def get(
+        self, tensors: tuple[torch.Tensor, ...], pack: Callable[[], ops.QuantPanels]
+    ) -> ops.QuantPanels | None:
+        """The panels `pack()` makes of `tensors`; None under torch's kernels, which never read
+        them."""
+        if ops.backend() != "native":
+            return None
+        source = tuple((t.data_ptr(), t._version) for t in tensors)
+        if source != self._source:
+            with torch.no_grad():
+                self._panels = pack()
+            self._source = source
+        return self._panels
 
 
 # Kind -> class; each format module registers itself when imported (tokenmill.quant.registry

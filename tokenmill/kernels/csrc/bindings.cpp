@@ -52,13 +52,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &tokenmill::silu_and_mul, "silu(x[..., :F]) * x[..., F:]", py::arg("x"),
         py::call_guard<py::gil_scoped_release>());
   m.def("int8_linear", &tokenmill::int8_linear,
-        "y = x W^T + b, W int8 with a scale per row and group of inputs", py::arg("x"),
-        py::arg("qweight"), py::arg("scales"), py::arg("group_size"), py::arg("bias"),
-        py::call_guard<py::gil_scoped_release>());
-  m.def("int4_linear", &tokenmill::int4_linear,
-        "y = x W^T + b, W int4 with a scale and min per row and group of inputs", py::arg("x"),
-        py::arg("qweight"), py::arg("scales"), py::arg("mins"), py::arg("group_size"),
+        "y = x W^T + b, W int8 in panels of 8 rows (ops.pack_int8_panels), n = W's rows",
+        py::arg("x"), py::arg("values"), py::arg("scales"), py::arg("n"), py::arg("group_size"),
         py::arg("bias"), py::call_guard<py::gil_scoped_release>());
+  m.def("int4_linear", &tokenmill::int4_linear,
+        "y = x W^T + b, W int4 in panels of 8 rows (ops.pack_int4_panels), n = W's rows",
+        py::arg("x"), py::arg("values"), py::arg("scales"), py::arg("mins"), py::arg("n"),
+        py::arg("group_size"), py::arg("bias"), py::call_guard<py::gil_scoped_release>());
   m.def("dequantize_int8", &tokenmill::dequantize_int8, "int8 weight to float32 [N, K]",
         py::arg("qweight"), py::arg("scales"), py::arg("group_size"), py::arg("in_features"),
         py::call_guard<py::gil_scoped_release>());
@@ -89,10 +89,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                              })
       .def_property_readonly("has_packed",
                              [](const LinearKernel& k) { return k.packed.defined(); })
-      .def_static("int8", &LinearKernel::int8, py::arg("qweight"), py::arg("scales"),
-                  py::arg("group_size"), py::arg("bias"))
-      .def_static("int4", &LinearKernel::int4, py::arg("qweight"), py::arg("scales"),
-                  py::arg("mins"), py::arg("group_size"), py::arg("bias"))
+      .def_static("int8", &LinearKernel::int8, py::arg("values"), py::arg("scales"),
+                  py::arg("n"), py::arg("group_size"), py::arg("bias"))
+      .def_static("int4", &LinearKernel::int4, py::arg("values"), py::arg("scales"),
+                  py::arg("mins"), py::arg("n"), py::arg("group_size"), py::arg("bias"))
       .def_static("fp8", &LinearKernel::fp8, py::arg("qweight"), py::arg("scales"),
                   py::arg("bias"));
   using OptionalTensor = std::optional<at::Tensor>;

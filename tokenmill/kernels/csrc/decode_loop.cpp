@@ -18,15 +18,16 @@ LinearKernel LinearKernel::float32(at::Tensor weight, std::optional<at::Tensor> 
           packed.value_or(at::Tensor())};
 }
 
-LinearKernel LinearKernel::int8(at::Tensor qweight, at::Tensor scales, int64_t group_size,
-                                std::optional<at::Tensor> bias) {
-  return {Kind::kInt8, std::move(qweight), std::move(scales), {}, group_size, std::move(bias)};
+LinearKernel LinearKernel::int8(at::Tensor values, at::Tensor scales, int64_t n,
+                                int64_t group_size, std::optional<at::Tensor> bias) {
+  return {Kind::kInt8, std::move(values), std::move(scales), {}, group_size, std::move(bias),
+          {},          n};
 }
 
-LinearKernel LinearKernel::int4(at::Tensor qweight, at::Tensor scales, at::Tensor mins,
-                                int64_t group_size, std::optional<at::Tensor> bias) {
-  return {Kind::kInt4,     std::move(qweight), std::move(scales),
-          std::move(mins), group_size,         std::move(bias)};
+LinearKernel LinearKernel::int4(at::Tensor values, at::Tensor scales, at::Tensor mins,
+                                int64_t n, int64_t group_size, std::optional<at::Tensor> bias) {
+  return {Kind::kInt4, std::move(values), std::move(scales), std::move(mins), group_size,
+          std::move(bias), {}, n};
 }
 
 LinearKernel LinearKernel::fp8(at::Tensor qweight, at::Tensor scales,
@@ -40,9 +41,9 @@ at::Tensor LinearKernel::operator()(const at::Tensor& x) const {
       if (packed.defined()) return packed_linear(x, packed, weight.size(0), bias);
       return skinny_linear(x, weight, bias);
     case Kind::kInt8:
-      return int8_linear(x, weight, scales, group_size, bias);
+      return int8_linear(x, weight, scales, out_features, group_size, bias);
     case Kind::kInt4:
-      return int4_linear(x, weight, scales, mins, group_size, bias);
+      return int4_linear(x, weight, scales, mins, out_features, group_size, bias);
     case Kind::kFp8:
       return fp8_linear(x, weight, scales, bias);
   }

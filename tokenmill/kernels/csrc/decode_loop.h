@@ -19,18 +19,19 @@ struct LinearKernel {
   enum class Kind { kFloat32, kInt8, kInt4, kFp8 };
 
   Kind kind;
-  at::Tensor weight;  // float32 [N, K], or the packed int8 / int4 / fp8 codes
+  at::Tensor weight;  // float32 [N, K], fp8 codes [N, K], or int8 / int4 panels
   at::Tensor scales;
   at::Tensor mins;
   int64_t group_size;
   std::optional<at::Tensor> bias;
-  at::Tensor packed;  // undefined: none
+  at::Tensor packed;         // float32's packed copy; undefined: none
+  int64_t out_features = 0;  // N, which int8 / int4 panels (padded to 8 rows) do not tell
 
   static LinearKernel float32(at::Tensor weight, std::optional<at::Tensor> bias,
                               std::optional<at::Tensor> packed);
-  static LinearKernel int8(at::Tensor qweight, at::Tensor scales, int64_t group_size,
+  static LinearKernel int8(at::Tensor values, at::Tensor scales, int64_t n, int64_t group_size,
                            std::optional<at::Tensor> bias);
-  static LinearKernel int4(at::Tensor qweight, at::Tensor scales, at::Tensor mins,
+  static LinearKernel int4(at::Tensor values, at::Tensor scales, at::Tensor mins, int64_t n,
                            int64_t group_size, std::optional<at::Tensor> bias);
   static LinearKernel fp8(at::Tensor qweight, at::Tensor scales, std::optional<at::Tensor> bias);
 

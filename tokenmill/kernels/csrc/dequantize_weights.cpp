@@ -1,5 +1,5 @@
-// int8 / int4 block weights (the formats of quant_linear.cpp) and fp8 e4m3 weights with a scale
-// per row back to fp32 [N, K].
+// int8 / int4 block weights (the row-major layouts ops.py describes) and fp8 e4m3 weights
+// with a scale per row back to fp32 [N, K].
 //
 // For wide x (prefill, big batches) torch's blocked GEMM beats streaming the quantized weights
 // once per chunk of rows, so the weight is expanded to fp32 first; this does it in one parallel

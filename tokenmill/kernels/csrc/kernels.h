@@ -34,10 +34,11 @@ at::Tensor paged_decode_attention_quantized(const at::Tensor& q, const at::Tenso
                                             const at::Tensor& block_tables,
                                             const at::Tensor& seq_lens, double scale,
                                             int64_t window);
-at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
-                       int64_t group_size, const std::optional<at::Tensor>& bias);
-at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
-                       const at::Tensor& mins, int64_t group_size,
+// The quantized weights in panels of 8 rows (ops.pack_int8_panels / pack_int4_panels), n rows.
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& values, const at::Tensor& scales,
+                       int64_t n, int64_t group_size, const std::optional<at::Tensor>& bias);
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& values, const at::Tensor& scales,
+                       const at::Tensor& mins, int64_t n, int64_t group_size,
                        const std::optional<at::Tensor>& bias);
 at::Tensor dequantize_int8(const at::Tensor& qweight, const at::Tensor& scales,
                            int64_t group_size, int64_t in_features);

@@ -1,26 +1,29 @@
-// y = x W^T + b for fp32 x and W stored as int8 or int4 along K, with one fp16 or fp32 scale
-// per row and group of `group_size` inputs (int4 also an offset, "min", per group):
-//   int8: w = scale * q,        q in [-128, 127]; a row is ceil(K / 32) * 32 bytes.
-//   int4: w = scale * q + min,  q in [0, 15]; each 64 inputs take 32 bytes, input i in the low
-//         nibble of byte i and input 32 + i in its high nibble; a row is ceil(K / 64) * 32 bytes.
-// int8 with groups of 32 and fp16 scales is GGUF's Q8_0 block for block; int4 with groups of 32
-// holds GGUF's Q4_1 (and Q4_0, min = -8 * scale) once their nibbles are regrouped.
+// y = x W^T + b for fp32 x and int8 or int4 weights regrouped into panels of 8 output rows, so
+// that each 32-bit lane of a vector belongs to one output row (ops.pack_int4_panels and
+// ops.pack_int8_panels make them from the row-major checkpoint format):
+//   int4: per panel and block of 32 inputs, 128 bytes: four vectors, vector v holding for row r
+//         in lane r the codes of inputs 8v .. 8v + 3 in the low nibbles of its 4 bytes and
+//         8v + 4 .. 8v + 7 in the high ones. w = scale * q + min.
+//   int8: per panel and block, 256 bytes: sixteen 16-byte units, unit u holding for row r the
+//         codes of inputs 2u and 2u + 1 in bytes 2r and 2r + 1. w = scale * q.
+//   scales (and mins) [panels, groups, 8], fp16 or fp32: one per row of the panel and group.
 //
-// x is quantized per block of 32 (QuantizedRows), so each block's dot product is integer, and
-// one FMA per block scales it by (weight scale * x scale) into fp32 accumulators.
-//   int4 x int8 (llama.cpp's way): _mm256_maddubs_epi16 multiplies 32 unsigned nibbles by 32
-//     signed bytes into 16 pair sums, _mm256_madd_epi16 widens them to 8 int32: 32 products in
-//     two instructions, which keeps this compute-bound kernel near DRAM speed. The 64-input
-//     layout unpacks 32 loaded bytes with two ANDs and a shift, half the work of GGUF's blocks.
-//   int8 x int16: the weights widen to int16 and _mm256_madd_epi16 multiplies; twice the work
-//     per product, but int8 weights are memory-bound anyway, and int16 activations make their
-//     rounding negligible (int8 activations would double int8's KL divergence on SmolLM2).
-// Weights stream once per chunk of x rows; OpenMP splits the weight rows statically, so each
-// thread reads one contiguous range and, over the chunks of a wide x, finds it still in its L2.
+// x is quantized per block of 32 (QuantizedRows). A block's integer products then land in the
+// lanes of their output rows, with no horizontal sums: for int4, _mm256_maddubs_epi16 of the
+// nibbles with four broadcast int8 activations gives each row's pair sums, eight of those add
+// up exactly in int16 (8 * 2 * 15 * 127 < 2^15), and one _mm256_madd_epi16 widens them; int8
+// codes widen to int16 and _mm256_madd_epi16 multiplies them by pairs of int16 activations. One
+// FMA a block then scales the 8 rows' sums by their weight scales times the block's x scale.
+// The per-row reductions, scale combining and stores of a row-major kernel disappear, so the
+// kernel runs near the speed its bytes stream from memory. A panel is one contiguous stream,
+// read once per call: every row of x is multiplied while the panel is in L1.
+// This is llama.cpp's repacked "Q4_0 8x8" idea (weights interleaved across rows for SIMD lanes),
+// applied to our int4 and int8 formats.
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -31,61 +34,71 @@
 namespace tokenmill {
 namespace {
 
-constexpr int kWeightRows = 4;  // four independent accumulator chains per row of x
-constexpr int kXRows = 2;       // each unpacked weight unit serves two rows of x
-// Rows of x per pass over the weights: their integer form (64 x K or 64 x 2K bytes) stays in L2.
-constexpr int64_t kXChunk = 64;
-// Blocks per pass of a tile: their combined scales take a few KB of stack.
-constexpr int64_t kScaleBlocks = 64;
-constexpr int64_t kUnitBytes = 32;  // weight bytes loaded at once, in both formats
+constexpr int64_t kPanelRows = 8;
+// Rows of x per pass over a panel: their accumulators and block sums stay in registers.
+constexpr int kXRows = 4;
+// Each block's bytes this far ahead are prefetched: a thread's panels are one stream, but the
+// hardware prefetcher stops at every 4 KB page (the Q8_0 LM head: 1.0-1.2 ms with, 1.4-1.6 ms
+// without; 1 and 4 KB ahead measured no better).
+constexpr int64_t kPrefetchBytes = 2048;
 
-inline __m256i load_unit(const uint8_t* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-}
-
-inline __m256i pair_sums_to_i32(__m256i pairs) {
-  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+// Four consecutive activation bytes (or two int16) in every 32-bit lane.
+template <typename T>
+inline __m256i broadcast_pair32(const T* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm256_set1_epi32(v);
 }
 
 template <typename ScaleT>
-struct Int8Weights {
+struct Int4Panels {
   using Scale = ScaleT;
-  using Activation = int16_t;  // int8 x int16 products, exact in int32 lanes
-  static constexpr bool kHasMins = false;
-  static constexpr int kBlocksPerUnit = 1;
-  struct Unit {
-    __m256i low, high;  // the block's values 0..15 and 16..31, widened to int16
-  };
-  static Unit unpack(const uint8_t* p) {
-    const __m256i w = load_unit(p);
-    return {_mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)),
-            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1))};
-  }
-  // Lane l sums 4 products of at most 128 * 32767: |sum| < 2^24, so the fp32 convert is exact.
-  static __m256i dot(const Unit& w, int /*half*/, const Activation* x) {
-    const __m256i x_low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-    const __m256i x_high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
-    return _mm256_add_epi32(_mm256_madd_epi16(w.low, x_low), _mm256_madd_epi16(w.high, x_high));
+  using Activation = int8_t;
+  static constexpr bool kHasMins = true;
+  static constexpr int64_t kBlockBytes = kPanelRows * kQuantBlock / 2;
+
+  // Each row's integer dot product with the block for every row of x, one row of W per lane.
+  template <int XRows>
+  static void block_dots(const uint8_t* w, const int8_t* const (&x)[XRows],
+                         __m256i (&dots)[XRows]) {
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    __m256i pairs[XRows];
+    for (auto& p : pairs) p = _mm256_setzero_si256();
+    for (int v = 0; v < 4; ++v) {
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * v));
+      const __m256i low = _mm256_and_si256(packed, mask);
+      const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask);
+      for (int i = 0; i < XRows; ++i) {
+        pairs[i] = _mm256_add_epi16(pairs[i],
+                                    _mm256_maddubs_epi16(low, broadcast_pair32(x[i] + 8 * v)));
+        pairs[i] = _mm256_add_epi16(
+            pairs[i], _mm256_maddubs_epi16(high, broadcast_pair32(x[i] + 8 * v + 4)));
+      }
+    }
+    for (int i = 0; i < XRows; ++i) dots[i] = _mm256_madd_epi16(pairs[i], _mm256_set1_epi16(1));
   }
 };
 
 template <typename ScaleT>
-struct Int4Weights {
+struct Int8Panels {
   using Scale = ScaleT;
-  using Activation = int8_t;  // unsigned nibbles x int8 in maddubs
-  static constexpr bool kHasMins = true;
-  static constexpr int kBlocksPerUnit = 2;
-  struct Unit {
-    __m256i low, high;  // inputs 0..31 and 32..63 of the unit, one per byte
-  };
-  static Unit unpack(const uint8_t* p) {
-    const __m256i packed = load_unit(p), mask = _mm256_set1_epi8(0x0F);
-    return {_mm256_and_si256(packed, mask),
-            _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask)};
-  }
-  static __m256i dot(const Unit& w, int half, const Activation* x) {
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-    return pair_sums_to_i32(_mm256_maddubs_epi16(half ? w.high : w.low, xv));
+  using Activation = int16_t;
+  static constexpr bool kHasMins = false;
+  static constexpr int64_t kBlockBytes = kPanelRows * kQuantBlock;
+
+  // Lane sums of 32 products of at most 127 * 32767: |sum| < 2^27, exact in int32; the fp32
+  // convert then rounds it as an fp32 accumulation would.
+  template <int XRows>
+  static void block_dots(const uint8_t* w, const int16_t* const (&x)[XRows],
+                         __m256i (&dots)[XRows]) {
+    for (auto& d : dots) d = _mm256_setzero_si256();
+    for (int u = 0; u < 16; ++u) {
+      const __m256i codes = _mm256_cvtepi8_epi16(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16 * u)));
+      for (int i = 0; i < XRows; ++i)
+        dots[i] = _mm256_add_epi32(dots[i],
+                                   _mm256_madd_epi16(codes, broadcast_pair32(x[i] + 2 * u)));
+    }
   }
 };
 
@@ -93,187 +106,82 @@ template <typename Weights>
 struct Problem {
   using Scale = typename Weights::Scale;
   const QuantizedRows<typename Weights::Activation>* x;
-  const uint8_t* values;    // [n, units * 32]
-  const Scale* scales;      // [n, groups]
-  const Scale* mins;        // [n, groups] for int4, else nullptr
+  const uint8_t* values;    // [panels, blocks * kBlockBytes]
+  const Scale* scales;      // [panels, groups, 8]
+  const Scale* mins;        // [panels, groups, 8] for int4, else nullptr
   const float* group_sums;  // [m, groups]: Σ over a group's blocks of x's d * sum(q) (int4)
   const float* bias;        // [n] or nullptr
   float* y;                 // [m, n]
-  int64_t m, n, blocks, units, groups, blocks_per_group;
+  int64_t m, n, blocks, groups, blocks_per_group;
 };
 
-// Σ_g a[g] * b[g] over n groups: the int4 offset term of one output.
-template <typename Scale>
-float dot_groups(const Scale* a, const float* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t g = 0;
-  for (; g + 8 <= n; g += 8) acc = _mm256_fmadd_ps(load8(a + g), _mm256_loadu_ps(b + g), acc);
-  float sum = horizontal_sum(acc);
-  for (; g < n; ++g) sum += to_float(a[g]) * b[g];
-  return sum;
-}
-
-// values[0, count) as fp32, 8 at a time while 8 remain (never reading past the last).
-template <typename Scale>
-inline void to_floats(const Scale* values, int64_t count, float* out) {
-  int64_t i = 0;
-  for (; i + 8 <= count; i += 8) _mm256_storeu_ps(out + i, load8(values + i));
-  for (; i < count; ++i) out[i] = to_float(values[i]);
-}
-
-// The weight scale of each of the first `real` blocks from block b0 of one row: its group's
-// (values past `real`, up to the next multiple of 8, are left unspecified).
-template <typename Scale>
-inline void block_scales(const Scale* row_scales, int64_t blocks_per_group, int64_t b0,
-                         int64_t real, float* out) {
-  if (blocks_per_group == 1) {
-    to_floats(row_scales + b0, real, out);
-    return;
-  }
-  if (blocks_per_group == 2 || blocks_per_group == 4) {  // groups of 64 or 128 inputs
-    // b0 is a multiple of kScaleBlocks and so of the group. Eight groups convert at once and
-    // stay in a register; each permute of them repeats 8 / blocks_per_group over 8 blocks.
-    const int64_t first = b0 / blocks_per_group;
-    const int64_t groups = (real + blocks_per_group - 1) / blocks_per_group;
-    const __m256i repeat = blocks_per_group == 2 ? _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)
-                                                 : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-    for (int64_t g = 0; g < groups; g += 8) {
-      __m256 eight;
-      if (g + 8 <= groups) {
-        eight = load8(row_scales + first + g);
-      } else {
-        alignas(32) float tail[8] = {};
-        to_floats(row_scales + first + g, groups - g, tail);
-        eight = _mm256_load_ps(tail);
-      }
-      for (int64_t k = 0; k < blocks_per_group && (g + k * 8 / blocks_per_group) < groups; ++k) {
-        const __m256i index = _mm256_add_epi32(repeat, _mm256_set1_epi32(k * 8 / blocks_per_group));
-        _mm256_store_ps(out + g * blocks_per_group + 8 * k, _mm256_permutevar8x32_ps(eight, index));
-      }
-    }
-    return;
-  }
-  // Any other size, per-channel scales (one group per row) included: one conversion a group.
-  int64_t g = b0 / blocks_per_group, left = (g + 1) * blocks_per_group - b0;
-  float scale = to_float(row_scales[g]);
-  for (int64_t b = 0; b < real; ++b, --left) {
-    if (left == 0) {
-      scale = to_float(row_scales[++g]);
-      left = blocks_per_group;
-    }
-    out[b] = scale;
-  }
-}
-
-// out[i][b] = (weight scale of block b0 + b of one row) * (scale of that block of x row i), for
-// the `count` blocks of a pass; 0 past the row's last real block, whose nibbles are padding.
-template <int XRows, typename Scale>
-inline void combine_scales(const Scale* row_scales, int64_t blocks, int64_t blocks_per_group,
-                           const float* const (&xd)[XRows], int64_t b0, int64_t count,
-                           float (&out)[XRows][kScaleBlocks]) {
-  const int64_t real = std::clamp<int64_t>(blocks - b0, 0, count);
-  alignas(32) float weight[kScaleBlocks + 8];
-  block_scales(row_scales, blocks_per_group, b0, real, weight);
-  for (int i = 0; i < XRows; ++i) {
-    for (int64_t b = 0; b < real; ++b) out[i][b] = weight[b] * xd[i][b0 + b];
-    for (int64_t b = real; b < count; ++b) out[i][b] = 0.0f;
-  }
-}
-
-// Tiles ahead whose bytes are prefetched: rows are short (a few hundred bytes), so the hardware
-// prefetcher alone leaves DRAM idle at every tile boundary.
-constexpr int64_t kPrefetchTiles = 2;
-
-// A tile's scales (or mins): `groups` values for each of its rows, contiguous.
-template <typename Scale>
-inline void prefetch_group_values(const Scale* first, int64_t groups) {
-  const char* begin = reinterpret_cast<const char*>(first);
-  const int64_t bytes = kWeightRows * groups * static_cast<int64_t>(sizeof(Scale));
-  for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(begin + offset, _MM_HINT_T0);
-}
-
-// y[m0 .. m0 + XRows, n0 .. n0 + valid) from the weight rows `rows`.
-//
-// Each block's dot product is scaled by weight scale x activation scale; those products are
-// formed first, eight blocks per multiply, so per block and row of x the inner loop is just
-// maddubs, madd, convert and one FMA with a broadcast load of its scale.
+// y[m0 .. m0 + XRows, the panel's rows].
 template <int XRows, typename Weights>
-void store_tile(const Problem<Weights>& p, const int64_t (&rows)[kWeightRows], int64_t m0,
-                int64_t n0, int64_t valid) {
-  constexpr int kPerUnit = Weights::kBlocksPerUnit;
+void panel_rows(const Problem<Weights>& p, int64_t panel, int64_t m0) {
   const typename Weights::Activation* xq[XRows];
   const float* xd[XRows];
   for (int i = 0; i < XRows; ++i) {
     xq[i] = p.x->values(m0 + i);
     xd[i] = p.x->scales(m0 + i);
   }
-  const uint8_t* wrow[kWeightRows];
-  for (int j = 0; j < kWeightRows; ++j) wrow[j] = p.values + rows[j] * p.units * kUnitBytes;
-  __m256 acc[XRows][kWeightRows];
-  for (auto& row : acc)
-    for (auto& a : row) a = _mm256_setzero_ps();
-  alignas(32) float combined[kWeightRows][XRows][kScaleBlocks];
-  const int64_t padded_blocks = p.units * kPerUnit;
-  const int64_t next_tile = kPrefetchTiles * kWeightRows * p.units * kUnitBytes;
-  prefetch_group_values(p.scales + (rows[0] + kPrefetchTiles * kWeightRows) * p.groups, p.groups);
-  if (p.mins)
-    prefetch_group_values(p.mins + (rows[0] + kPrefetchTiles * kWeightRows) * p.groups, p.groups);
-  for (int64_t b0 = 0; b0 < padded_blocks; b0 += kScaleBlocks) {
-    const int64_t count = std::min(kScaleBlocks, padded_blocks - b0);
-    for (int j = 0; j < kWeightRows; ++j)
-      combine_scales<XRows>(p.scales + rows[j] * p.groups, p.blocks, p.blocks_per_group, xd, b0,
-                            count, combined[j]);
-    for (int64_t b = 0; b < count; b += kPerUnit) {
-      const int64_t unit = (b0 + b) / kPerUnit;
-      for (int j = 0; j < kWeightRows; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(wrow[j] + unit * kUnitBytes + next_tile),
-                     _MM_HINT_T0);
-        const auto w = Weights::unpack(wrow[j] + unit * kUnitBytes);
-        for (int half = 0; half < kPerUnit; ++half) {
-          for (int i = 0; i < XRows; ++i) {
-            const auto* x = xq[i] + (b0 + b + half) * kQuantBlock;
-            const __m256 dots = _mm256_cvtepi32_ps(Weights::dot(w, half, x));
-            const __m256 scale = _mm256_broadcast_ss(&combined[j][i][b + half]);
-            acc[i][j] = _mm256_fmadd_ps(dots, scale, acc[i][j]);
-          }
-        }
-      }
+  const uint8_t* w = p.values + panel * p.blocks * Weights::kBlockBytes;
+  const auto* scales = p.scales + panel * p.groups * kPanelRows;
+  __m256 acc[XRows];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  for (int64_t g = 0; g < p.groups; ++g) {
+    const __m256 scale = load8(scales + g * kPanelRows);
+    if constexpr (Weights::kHasMins) {
+      const __m256 min = load8(p.mins + (panel * p.groups + g) * kPanelRows);
+      for (int i = 0; i < XRows; ++i)
+        acc[i] = _mm256_fmadd_ps(
+            min, _mm256_broadcast_ss(p.group_sums + (m0 + i) * p.groups + g), acc[i]);
+    }
+    const int64_t end = std::min(p.blocks, (g + 1) * p.blocks_per_group);
+    for (int64_t b = g * p.blocks_per_group; b < end; ++b) {
+      const typename Weights::Activation* x[XRows];
+      for (int i = 0; i < XRows; ++i) x[i] = xq[i] + b * kQuantBlock;
+      const uint8_t* block = w + b * Weights::kBlockBytes;
+      for (int64_t line = 0; line < Weights::kBlockBytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + line), _MM_HINT_T0);
+      __m256i dots[XRows];
+      Weights::template block_dots<XRows>(block, x, dots);
+      for (int i = 0; i < XRows; ++i)
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[i]),
+                                 _mm256_mul_ps(scale, _mm256_broadcast_ss(xd[i] + b)), acc[i]);
     }
   }
-  // All kWeightRows sums first (a fixed trip count keeps acc in registers), then the valid ones.
-  float sums[XRows][kWeightRows];
+  const int64_t n0 = panel * kPanelRows, valid = std::min(kPanelRows, p.n - n0);
+  const __m256i lanes = tail_mask(valid);
+  const __m256 bias = p.bias ? _mm256_maskload_ps(p.bias + n0, lanes) : _mm256_setzero_ps();
   for (int i = 0; i < XRows; ++i)
-    for (int j = 0; j < kWeightRows; ++j) sums[i][j] = horizontal_sum(acc[i][j]);
-  for (int i = 0; i < XRows; ++i) {
-    float* out = p.y + (m0 + i) * p.n + n0;
-    for (int64_t j = 0; j < valid; ++j) {
-      float sum = sums[i][j];
-      if constexpr (Weights::kHasMins)
-        sum += dot_groups(p.mins + rows[j] * p.groups, p.group_sums + (m0 + i) * p.groups,
-                          p.groups);
-      out[j] = sum + (p.bias ? p.bias[n0 + j] : 0.0f);
-    }
-  }
+    _mm256_maskstore_ps(p.y + (m0 + i) * p.n + n0, lanes, _mm256_add_ps(acc[i], bias));
 }
 
-// Columns n0 .. n0 + kWeightRows of rows [m_begin, m_end) of y. Past the last weight row the
-// tile re-reads row n - 1 (already in cache) and drops those sums.
 template <typename Weights>
-void weight_tile(const Problem<Weights>& p, int64_t n0, int64_t m_begin, int64_t m_end) {
-  int64_t rows[kWeightRows];
-  for (int j = 0; j < kWeightRows; ++j) rows[j] = std::min<int64_t>(n0 + j, p.n - 1);
-  const int64_t valid = std::min<int64_t>(kWeightRows, p.n - n0);
-  int64_t m0 = m_begin;
-  for (; m0 + kXRows <= m_end; m0 += kXRows) store_tile<kXRows>(p, rows, m0, n0, valid);
-  for (; m0 < m_end; ++m0) store_tile<1>(p, rows, m0, n0, valid);
+void panel(const Problem<Weights>& p, int64_t index) {
+  int64_t m0 = 0;
+  for (; m0 + kXRows <= p.m; m0 += kXRows) panel_rows<kXRows>(p, index, m0);
+  switch (p.m - m0) {
+    case 3:
+      panel_rows<3>(p, index, m0);
+      break;
+    case 2:
+      panel_rows<2>(p, index, m0);
+      break;
+    case 1:
+      panel_rows<1>(p, index, m0);
+      break;
+    default:
+      break;
+  }
 }
 
 template <typename Weights>
 at::Tensor run(Problem<Weights> p, const at::Tensor& x, const std::optional<at::Tensor>& bias) {
   const at::Tensor xc = x.contiguous();
   p.m = x.size(0);
-  const QuantizedRows<typename Weights::Activation> quantized(
-      xc.data_ptr<float>(), p.m, x.size(1), p.units * Weights::kBlocksPerUnit);
+  const QuantizedRows<typename Weights::Activation> quantized(xc.data_ptr<float>(), p.m,
+                                                              x.size(1), p.blocks);
   p.x = &quantized;
   std::vector<float> group_sums;
   if constexpr (Weights::kHasMins) {
@@ -291,37 +199,49 @@ at::Tensor run(Problem<Weights> p, const at::Tensor& x, const std::optional<at::
   }
   at::Tensor y = at::empty({p.m, p.n}, x.options());
   p.y = y.data_ptr<float>();
-  const int64_t tiles = (p.n + kWeightRows - 1) / kWeightRows;
-#pragma omp parallel
-  for (int64_t m_begin = 0; m_begin < p.m; m_begin += kXChunk) {
-    const int64_t m_end = std::min(p.m, m_begin + kXChunk);
-#pragma omp for schedule(static) nowait
-    for (int64_t t = 0; t < tiles; ++t) weight_tile(p, t * kWeightRows, m_begin, m_end);
-  }
+  const int64_t panels = (p.n + kPanelRows - 1) / kPanelRows;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < panels; ++t) panel(p, t);
   return y;
 }
 
-template <template <typename> class Format>
-at::Tensor quantized_linear(const char* op, const at::Tensor& x, const at::Tensor& qweight,
-                            const at::Tensor& scales, const std::optional<at::Tensor>& mins,
-                            int64_t group_size, const std::optional<at::Tensor>& bias) {
+// Checks the panel tensors against x's K and the n outputs they hold.
+void check_panels(const char* op, const at::Tensor& x, const at::Tensor& values,
+                  int64_t block_bytes, const std::vector<at::Tensor>& per_group, int64_t n,
+                  int64_t group_size) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) > 0, op,
               ": x must be float32 [M, K] with K > 0");
-  const int64_t k = x.size(1);
-  const bool int4 = Format<float>::kHasMins;
-  const at::ScalarType qdtype = int4 ? at::kByte : at::kChar;
+  TORCH_CHECK(group_size > 0 && group_size % kQuantBlock == 0, op,
+              ": group_size must be a positive multiple of 32, got ", group_size);
+  const int64_t panels = (n + kPanelRows - 1) / kPanelRows;
+  const int64_t blocks = (x.size(1) + kQuantBlock - 1) / kQuantBlock;
+  const int64_t groups = (x.size(1) + group_size - 1) / group_size;
+  TORCH_CHECK(values.dim() == 2 && values.scalar_type() == at::kByte && values.is_contiguous() &&
+                  values.size(0) == panels && values.size(1) == blocks * block_bytes,
+              op, ": values must be contiguous uint8 [", panels, ", ", blocks * block_bytes,
+              "] for ", n, " outputs of ", x.size(1), " inputs");
+  for (const at::Tensor& t : per_group)
+    TORCH_CHECK(t.scalar_type() == per_group[0].scalar_type() && t.is_contiguous() &&
+                    t.dim() == 3 && t.size(0) == panels && t.size(1) == groups &&
+                    t.size(2) == kPanelRows,
+                op, ": scales/mins must be contiguous [", panels, ", ", groups, ", 8] of one dtype");
+}
+
+template <template <typename> class Format>
+at::Tensor panel_linear(const char* op, const at::Tensor& x, const at::Tensor& values,
+                        const at::Tensor& scales, const std::optional<at::Tensor>& mins,
+                        int64_t n, int64_t group_size, const std::optional<at::Tensor>& bias) {
   std::vector<at::Tensor> per_group{scales};
   if (mins.has_value()) per_group.push_back(*mins);
-  check_packed_weight(op, qweight, qdtype, packed_row_bytes(k, int4), per_group, k, group_size);
+  check_panels(op, x, values, Format<float>::kBlockBytes, per_group, n, group_size);
   return with_scale_type(scales, [&](auto scale_type) {
     using Scale = std::remove_const_t<std::remove_pointer_t<decltype(scale_type)>>;
     Problem<Format<Scale>> p{};
-    p.values = static_cast<const uint8_t*>(qweight.data_ptr());
+    p.values = values.data_ptr<uint8_t>();
     p.scales = scales.data_ptr<Scale>();
     p.mins = mins.has_value() ? mins->data_ptr<Scale>() : nullptr;
-    p.n = qweight.size(0);
-    p.blocks = (k + kQuantBlock - 1) / kQuantBlock;
-    p.units = qweight.size(1) / kUnitBytes;
+    p.n = n;
+    p.blocks = (x.size(1) + kQuantBlock - 1) / kQuantBlock;
     p.groups = scales.size(1);
     p.blocks_per_group = group_size / kQuantBlock;
     return run(p, x, bias);
@@ -330,17 +250,16 @@ at::Tensor quantized_linear(const char* op, const at::Tensor& x, const at::Tenso
 
 }  // namespace
 
-at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
-                       int64_t group_size, const std::optional<at::Tensor>& bias) {
-  return quantized_linear<Int8Weights>("int8_linear", x, qweight, scales, std::nullopt,
-                                       group_size, bias);
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& values, const at::Tensor& scales,
+                       int64_t n, int64_t group_size, const std::optional<at::Tensor>& bias) {
+  return panel_linear<Int8Panels>("int8_linear", x, values, scales, std::nullopt, n, group_size,
+                                  bias);
 }
 
-at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
-                       const at::Tensor& mins, int64_t group_size,
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& values, const at::Tensor& scales,
+                       const at::Tensor& mins, int64_t n, int64_t group_size,
                        const std::optional<at::Tensor>& bias) {
-  return quantized_linear<Int4Weights>("int4_linear", x, qweight, scales, mins, group_size,
-                                       bias);
+  return panel_linear<Int4Panels>("int4_linear", x, values, scales, mins, n, group_size, bias);
 }
 
 }  // namespace tokenmill
