@@ -8,6 +8,7 @@ from torch import nn
 
 from tokenmill.model.layers import Linear
 from tokenmill.quant.int4 import Int4Linear
+from tokenmill.quant.int8 import Int8Linear
 from tokenmill.quant.linear import empty_quant_linear, quant_linear_formats, replace_linears
 
 
@@ -42,3 +43,22 @@ def test_a_recorded_format_rebuilds_an_empty_layer_of_the_same_shape() -> None:
 def test_unknown_layer_kinds_are_refused() -> None:
     with pytest.raises(ValueError, match="kind 'int2' is unknown"):
         empty_quant_linear({"kind": "int2"}, Linear(8, 8, bias=False))
+
+
+@pytest.mark.parametrize("kind", [Int4Linear, Int8Linear])
+def test_the_kernels_copy_follows_a_checkpoint_loaded_into_the_layer(kind: type) -> None:
+    """The native kernels read a regrouped copy of the weights (`panels`): loading other weights
+    into the layer must remake it, and it never becomes part of the checkpoint."""
+    gen = torch.Generator().manual_seed(0)
+    layer = kind.from_float(torch.randn(24, 64, generator=gen))
+    other = kind.from_float(torch.randn(24, 64, generator=gen))
+    x = torch.randn(2, 64, generator=gen)
+    with torch.no_grad():
+        assert not torch.equal(layer(x), other(x))  # the copy exists and is in use
+        layer.load_state_dict(other.state_dict())
+        assert torch.equal(layer(x), other(x))
+    assert (
+        set(layer.state_dict())
+        == set(other.state_dict())
+        == {"qweight", "scales"} | ({"mins"} if kind is Int4Linear else set())
+    )

@@ -93,7 +93,8 @@ class PanelCache:
         them."""
         if ops.backend() != "native":
             return None
-        source = tuple((t.data_ptr(), t._version) for t in tensors)
+        # Tensors made under inference_mode have no version counter: those count as unchanged.
+        source = tuple((t.data_ptr(), -1 if t.is_inference() else t._version) for t in tensors)
         if source != self._source:
             with torch.no_grad():
                 self._panels = pack()
