@@ -1,6 +1,6 @@
 """How fast the native linear kernels stream their weights: GB/s per weight format.
 
-Cycles x (1..16 rows) through SmolLM2-shaped matrices (qkv, o, gate_up, down) totalling about
+Cycles x (1..64 rows) through SmolLM2-shaped matrices (qkv, o, gate_up, down) totalling about
 256 MB, far more than the L3 cache, so every product reads its weights from DRAM, as decode
 does. Prints bytes read per second, best of a few passes. Run it alone on the machine:
 
@@ -70,7 +70,7 @@ def stream_rate(fmt: str, rows: int, total_bytes: float, passes: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
-    parser.add_argument("--rows", default="1", help="comma-separated rows of x, each <= 16")
+    parser.add_argument("--rows", default="1", help="comma-separated rows of x, each <= 64")
     parser.add_argument("--formats", default=",".join(FORMATS))
     parser.add_argument("--total-mb", type=float, default=256.0)
     parser.add_argument("--passes", type=int, default=5)
