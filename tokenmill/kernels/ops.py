@@ -455,17 +455,17 @@ INT8_WEIGHT_ACTIVATION_BITS = 16
 INT4_WEIGHT_ACTIVATION_BITS = 8
 
 
+PANEL_ROWS = 8
+
+
 class QuantPanels(NamedTuple):
-    """A quantized weight regrouped for the native kernels (csrc/panel_linear.cpp): panels of
+    """A quantized weight regrouped for the native kernels (csrc/quant_linear.cpp): panels of
     PANEL_ROWS output rows whose codes interleave so that each SIMD lane holds one row."""
 
     values: torch.Tensor  # uint8 [panels, blocks * bytes per block]
     scales: torch.Tensor  # [panels, groups, PANEL_ROWS]
     mins: torch.Tensor | None  # int4's, like scales
     out_features: int
-
-
-PANEL_ROWS = 8
 
 
 def _panel_rows(t: torch.Tensor) -> torch.Tensor:
