@@ -64,13 +64,18 @@ auto with_scale_type(const at::Tensor& scales, Body body) {
   return body(static_cast<const float*>(nullptr));
 }
 
+// Every quantized format's groups are whole blocks of 32 inputs.
+inline void check_group_size(const char* op, int64_t group_size) {
+  TORCH_CHECK(group_size > 0 && group_size % kQuantBlock == 0, op,
+              ": group_size must be a positive multiple of 32, got ", group_size);
+}
+
 // Checks a packed weight of n rows of `row_bytes` bytes and its [n, ceil(k / group_size)]
 // per-group tensors (scales, and mins for int4), all contiguous and with one scale dtype.
 inline void check_packed_weight(const char* op, const at::Tensor& qweight, at::ScalarType qdtype,
                                 int64_t row_bytes, const std::vector<at::Tensor>& per_group,
                                 int64_t k, int64_t group_size) {
-  TORCH_CHECK(group_size > 0 && group_size % kQuantBlock == 0, op,
-              ": group_size must be a positive multiple of 32, got ", group_size);
+  check_group_size(op, group_size);
   TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == qdtype && qweight.is_contiguous(),
               op, ": qweight must be a contiguous 2-D ", qdtype, " tensor");
   TORCH_CHECK(qweight.size(1) == row_bytes, op, ": qweight rows hold ", qweight.size(1),

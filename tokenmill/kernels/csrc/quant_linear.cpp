@@ -88,7 +88,7 @@ struct Int8Panels {
   static constexpr bool kHasMins = false;
   static constexpr int64_t kBlockBytes = kPanelRows * kQuantBlock;
 
-  // Lane sums of 32 products of at most 127 * 32767: |sum| < 2^27, exact in int32; the fp32
+  // Lane sums of 32 products of at most 128 * 32767: |sum| < 2^27, exact in int32; the fp32
   // convert then rounds it as an fp32 accumulation would.
   template <int XRows>
   static void block_dots(const uint8_t* w, const int16_t* const (&x)[XRows],
@@ -213,8 +213,7 @@ void check_panels(const char* op, const at::Tensor& x, const at::Tensor& values,
                   int64_t group_size) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) > 0, op,
               ": x must be float32 [M, K] with K > 0");
-  TORCH_CHECK(group_size > 0 && group_size % kQuantBlock == 0, op,
-              ": group_size must be a positive multiple of 32, got ", group_size);
+  check_group_size(op, group_size);
   const int64_t panels = (n + kPanelRows - 1) / kPanelRows;
   const int64_t blocks = (x.size(1) + kQuantBlock - 1) / kQuantBlock;
   const int64_t groups = (x.size(1) + group_size - 1) / group_size;
