@@ -6,10 +6,16 @@ import pytest
 import torch
 from torch import nn
 
+from tokenmill.kernels import ops
 from tokenmill.model.layers import Linear
 from tokenmill.quant.int4 import Int4Linear
 from tokenmill.quant.int8 import Int8Linear
-from tokenmill.quant.linear import empty_quant_linear, quant_linear_formats, replace_linears
+from tokenmill.quant.linear import (
+    empty_quant_linear,
+    prepare_quant_linears,
+    quant_linear_formats,
+    replace_linears,
+)
 
 
 class TwoLayers(nn.Module):
@@ -62,3 +68,22 @@ def test_the_kernels_copy_follows_a_checkpoint_loaded_into_the_layer(kind: type)
         == set(other.state_dict())
         == {"qweight", "scales"} | ({"mins"} if kind is Int4Linear else set())
     )
+
+
+@pytest.mark.parametrize("kind", [Int4Linear, Int8Linear])
+def test_prepare_makes_the_kernels_copy_before_the_first_product(
+    kind: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine prepares every quantized layer at start, so no request pays for the packing."""
+    if ops.backend() != "native":
+        pytest.skip("only the native kernels read the panels")
+    name = "pack_int4_panels" if kind is Int4Linear else "pack_int8_panels"
+    packs = []
+    pack = getattr(ops, name)
+    monkeypatch.setattr(ops, name, lambda *args: packs.append(1) or pack(*args))
+    model = nn.Sequential(kind.from_float(torch.randn(24, 64)), nn.ReLU())
+    prepare_quant_linears(model)
+    assert len(packs) == 1
+    with torch.no_grad():
+        model(torch.randn(1, 64))
+    assert len(packs) == 1

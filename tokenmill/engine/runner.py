@@ -22,6 +22,7 @@ from tokenmill.kv.quantized import KVCache, allocate_kv_cache, copy_cache_blocks
 from tokenmill.model.attention import AttentionMetadata
 from tokenmill.model.decode_loop import NativeDecodeLoop
 from tokenmill.model.layers import prepack_linears
+from tokenmill.quant.linear import prepare_quant_linears
 from tokenmill.sampling.sampler import (
     Sampler,
     SamplingRow,
@@ -93,6 +94,7 @@ class ModelRunner:
         `prepack_batch_hint`: lay the float weights out for batched products of about that many
         rows (`Linear.prepack`); None keeps only the plain weights."""
         prepack_linears(model, prepack_batch_hint)
+        prepare_quant_linears(model)
         self.model = model
         self.kv_caches = kv_caches
         self.decode_loop = NativeDecodeLoop.build(model, kv_caches) if native_decode_loop else None

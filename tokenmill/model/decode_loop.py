@@ -8,7 +8,7 @@ host overhead goes, as CUDA graphs take it away on GPUs. It covers what the skin
 Llama-family and Gemma 3 models whose linears are float32, fp8, int8 or int4 (GGUF, GPTQ, AWQ),
 with Gemma's extra norms, sliding windows and tanh-GELU done the Python layers' way; and steps
 whose tokens all attend to cached context (decodes and short speculative chunks), as many as its
-kernels take (32 with float32 or fp8 weights, 16 with int8 / int4). Anything else runs layer by
+kernels take (32 with float32 or fp8 weights, 64 with int8 / int4). Anything else runs layer by
 layer in Python; `decode_loop="python"` is the baseline it is measured against.
 """
 

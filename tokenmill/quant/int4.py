@@ -71,6 +71,9 @@ class Int4Linear(QuantLinear):
             lambda: ops.pack_int4_panels(self.qweight, self.scales, self.mins, self.in_features),
         )
 
+    def prepare(self) -> None:
+        self.panels()
+
     def native_kernel(self) -> object | None:
         return ops.int4_linear_kernel(self.panels(), self.group_size, self.bias)
 

@@ -61,6 +61,9 @@ class Int8Linear(QuantLinear):
             (self.qweight, self.scales), lambda: ops.pack_int8_panels(self.qweight, self.scales)
         )
 
+    def prepare(self) -> None:
+        self.panels()
+
     def native_kernel(self) -> object | None:
         return ops.int8_linear_kernel(self.panels(), self.kernel_group_size, self.bias)
 

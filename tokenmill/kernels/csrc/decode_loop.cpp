@@ -5,17 +5,31 @@
 // 8 ms more. This loop makes the same kernel calls in the same order as the Python layers, so
 // its hidden states are bit-identical to theirs, without returning to Python between them. The
 // role is the one CUDA graphs play for GPU decode in vLLM: take the host out of the hot loop.
+//
+// It also keeps the host out from between the kernels. A step's arguments are checked and its
+// buffers allocated once, then one OpenMP parallel region runs every kernel of every layer
+// through their team functions (team.h), each ending in a barrier. Calling the kernels' own
+// entry points instead opened and closed ~10 regions a layer, and between them the second
+// thread waited while the first allocated outputs and checked arguments: in a profile of a
+// GGUF step at batch 1 it spent ~40% of the step waiting.
 
 #include "decode_loop.h"
 
+#include <ATen/ATen.h>
+
+#include <algorithm>
 #include <utility>
+
+#include "quant.h"
+#include "team.h"
 
 namespace tokenmill {
 
 LinearKernel LinearKernel::float32(at::Tensor weight, std::optional<at::Tensor> bias,
                                    std::optional<at::Tensor> packed) {
+  const int64_t n = weight.size(0);
   return {Kind::kFloat32, std::move(weight), {}, {}, 0, std::move(bias),
-          packed.value_or(at::Tensor())};
+          packed.value_or(at::Tensor()), n};
 }
 
 LinearKernel LinearKernel::int8(at::Tensor values, at::Tensor scales, int64_t n,
@@ -32,23 +46,99 @@ LinearKernel LinearKernel::int4(at::Tensor values, at::Tensor scales, at::Tensor
 
 LinearKernel LinearKernel::fp8(at::Tensor qweight, at::Tensor scales,
                                std::optional<at::Tensor> bias) {
-  return {Kind::kFp8, std::move(qweight), std::move(scales), {}, 0, std::move(bias)};
+  const int64_t n = qweight.size(0);
+  return {Kind::kFp8, std::move(qweight), std::move(scales), {}, 0, std::move(bias), {}, n};
 }
 
-at::Tensor LinearKernel::operator()(const at::Tensor& x) const {
+void LinearKernel::check(const std::string& name, int64_t k, int64_t n) const {
+  const char* op = name.c_str();
+  TORCH_CHECK(out_features == n, op, ": has ", out_features, " outputs, the model needs ", n);
+  if (bias.has_value())
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+                op, ": bias must be a contiguous float32 [", n, "]");
   switch (kind) {
     case Kind::kFloat32:
-      if (packed.defined()) return packed_linear(x, packed, weight.size(0), bias);
-      return skinny_linear(x, weight, bias);
+      if (packed.defined()) return check_packed_linear_weight(op, packed, n, k);
+      TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat &&
+                      weight.is_contiguous() && weight.size(1) == k,
+                  op, ": weight must be a contiguous float32 [", n, ", ", k, "]");
+      return;
     case Kind::kInt8:
-      return int8_linear(x, weight, scales, out_features, group_size, bias);
+      return check_int8_panels(op, weight, scales, n, k, group_size);
     case Kind::kInt4:
-      return int4_linear(x, weight, scales, mins, out_features, group_size, bias);
+      return check_int4_panels(op, weight, scales, mins, n, k, group_size);
     case Kind::kFp8:
-      return fp8_linear(x, weight, scales, bias);
+      check_fp8_weight(op, weight, scales);
+      TORCH_CHECK(weight.size(1) == k, op, ": weight must have ", k, " inputs");
+      return;
   }
-  TORCH_CHECK(false, "LinearKernel: unknown kind");
 }
+
+int64_t LinearKernel::scratch_bytes(int64_t m, int64_t k) const {
+  switch (kind) {
+    case Kind::kFloat32:
+      return packed.defined() ? packed_linear_scratch_bytes(m, k) : 0;
+    case Kind::kInt8:
+      return int8_linear_scratch_bytes(m, k);
+    case Kind::kInt4:
+      return int4_linear_scratch_bytes(m, k);
+    case Kind::kFp8:
+      return 0;
+  }
+  return 0;
+}
+
+void LinearKernel::run(const at::Tensor& x, const at::Tensor& y, void* scratch) const {
+  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  switch (kind) {
+    case Kind::kFloat32:
+      if (packed.defined()) return packed_linear_team(x, packed, b, y, scratch);
+      return skinny_linear_team(x, weight, b, y);
+    case Kind::kInt8:
+      return int8_linear_team(x, weight, scales, group_size, b, y, scratch);
+    case Kind::kInt4:
+      return int4_linear_team(x, weight, scales, mins, group_size, b, y, scratch);
+    case Kind::kFp8:
+      return fp8_linear_team(x, weight, scales, b, y);
+  }
+}
+
+namespace {
+
+// Throws unless `norm` is a contiguous float32 vector of n weights (or undefined, when optional).
+void check_norm(const at::Tensor& norm, int64_t n, const std::string& name, bool optional) {
+  if (optional && !norm.defined()) return;
+  TORCH_CHECK(norm.defined() && norm.scalar_type() == at::kFloat && norm.is_contiguous() &&
+                  norm.numel() == n,
+              "DecodeLoop: ", name, " must be a contiguous float32 vector of ", n);
+}
+
+// Throws unless every cache has the first one's shape and dtype, one per layer, with scales of
+// the matching shape when quantized (kv_scales not empty) and float32 values otherwise.
+void check_caches(const std::vector<at::Tensor>& kv_caches,
+                  const std::vector<at::Tensor>& kv_scales, int64_t num_layers) {
+  TORCH_CHECK(static_cast<int64_t>(kv_caches.size()) == num_layers,
+              "DecodeLoop: one KV cache per layer");
+  const bool quantized = !kv_scales.empty();
+  TORCH_CHECK(!quantized || static_cast<int64_t>(kv_scales.size()) == num_layers,
+              "DecodeLoop: kv_scales must be empty or one per layer");
+  const at::Tensor& first = kv_caches.front();
+  const auto dtype = first.scalar_type();
+  TORCH_CHECK(quantized ? dtype == at::kChar || dtype == at::kFloat8_e4m3fn : dtype == at::kFloat,
+              "DecodeLoop: KV caches must be float32, or int8 / float8_e4m3fn with kv_scales");
+  for (int64_t i = 0; i < num_layers; ++i) {
+    TORCH_CHECK(kv_caches[i].sizes() == first.sizes() && kv_caches[i].scalar_type() == dtype &&
+                    kv_caches[i].is_contiguous(),
+                "DecodeLoop: every layer's KV cache must be contiguous, shaped and typed alike");
+    if (quantized)
+      TORCH_CHECK(kv_scales[i].scalar_type() == at::kFloat && kv_scales[i].is_contiguous() &&
+                      kv_scales[i].sizes() == first.sizes().slice(0, 4),
+                  "DecodeLoop: kv_scales must be contiguous float32 [2, blocks, block_size, "
+                  "kv_heads]");
+  }
+}
+
+}  // namespace
 
 DecodeLoop::DecodeLoop(std::vector<DecoderLayerWeights> layers, int64_t num_heads,
                        int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
@@ -62,41 +152,32 @@ DecodeLoop::DecodeLoop(std::vector<DecoderLayerWeights> layers, int64_t num_head
       activation_(activation) {
   TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0 && head_dim > 0,
               "DecodeLoop: num_heads must be a positive multiple of num_kv_heads");
-}
-
-at::Tensor DecodeLoop::norm(const at::Tensor& x, const at::Tensor& weight) const {
-  return add_rms_norm(x, std::nullopt, weight, eps_);
-}
-
-// The attention block of one layer, from its normalised input to the output projection.
-at::Tensor DecodeLoop::attend(const DecoderLayerWeights& layer, const at::Tensor& normed,
-                              const at::Tensor& positions, const at::Tensor& kv_cache,
-                              const at::Tensor* kv_scales, const at::Tensor& slot_mapping,
-                              const at::Tensor& block_tables,
-                              const at::Tensor& seq_lens) const {
-  const int64_t tokens = normed.size(0);
-  const int64_t q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
-  const at::Tensor qkv = layer.qkv(normed);
-  at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, num_heads_, head_dim_});
-  at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
-  const at::Tensor v =
-      qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
-  if (layer.q_norm.defined()) {
-    q = norm(q, layer.q_norm);
-    k = norm(k, layer.k_norm);
+  TORCH_CHECK(!layers_.empty(), "DecodeLoop: no layers");
+  hidden_size_ = layers_.front().input_norm.numel();
+  const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+  const int64_t gated = layers_.front().gate_up.out_features;
+  TORCH_CHECK(gated % 2 == 0, "DecodeLoop: gate_up must have an even number of outputs");
+  max_positions_ = layers_.front().cos.size(0);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const DecoderLayerWeights& layer = layers_[i];
+    const std::string name = "DecodeLoop layer " + std::to_string(i) + " ";
+    check_norm(layer.input_norm, hidden_size_, name + "input_norm", false);
+    check_norm(layer.mlp_norm, hidden_size_, name + "mlp_norm", false);
+    check_norm(layer.q_norm, head_dim, name + "q_norm", !layer.k_norm.defined());
+    check_norm(layer.k_norm, head_dim, name + "k_norm", !layer.q_norm.defined());
+    check_norm(layer.attention_out_norm, hidden_size_, name + "attention_out_norm", true);
+    check_norm(layer.mlp_out_norm, hidden_size_, name + "mlp_out_norm", true);
+    layer.qkv.check(name + "qkv", hidden_size_, q_size + 2 * kv_size);
+    layer.o.check(name + "o", q_size, hidden_size_);
+    layer.gate_up.check(name + "gate_up", hidden_size_, gated);
+    layer.down.check(name + "down", gated / 2, hidden_size_);
+    TORCH_CHECK(layer.cos.scalar_type() == at::kFloat && layer.cos.is_contiguous() &&
+                    layer.cos.dim() == 2 && layer.cos.size(1) == head_dim / 2 &&
+                    layer.sin.sizes() == layer.cos.sizes() &&
+                    layer.sin.scalar_type() == at::kFloat && layer.sin.is_contiguous(),
+                name, "cos and sin must be contiguous float32 [max_positions, head_dim / 2]");
+    max_positions_ = std::min(max_positions_, layer.cos.size(0));
   }
-  rotary_embedding(positions, q, k, layer.cos, layer.sin);
-  at::Tensor attended;
-  if (kv_scales != nullptr) {
-    store_kv_quantized(kv_cache, *kv_scales, slot_mapping, k, v);
-    attended = paged_decode_attention_quantized(q, kv_cache, *kv_scales, block_tables, seq_lens,
-                                                scale_, layer.window);
-  } else {
-    store_kv(kv_cache, slot_mapping, k, v);
-    attended =
-        paged_decode_attention(q, kv_cache, block_tables, seq_lens, scale_, layer.window);
-  }
-  return layer.o(attended.view({tokens, q_size}));
 }
 
 std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
@@ -104,35 +185,110 @@ std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
     const std::vector<at::Tensor>& kv_scales, const at::Tensor& slot_mapping,
     const at::Tensor& block_tables, const at::Tensor& seq_lens) const {
   const auto num_layers = static_cast<int64_t>(layers_.size());
-  TORCH_CHECK(static_cast<int64_t>(kv_caches.size()) == num_layers,
-              "DecodeLoop: one KV cache per layer");
+  check_caches(kv_caches, kv_scales, num_layers);
   const bool quantized = !kv_scales.empty();
-  TORCH_CHECK(!quantized || static_cast<int64_t>(kv_scales.size()) == num_layers,
-              "DecodeLoop: kv_scales must be empty or one per layer");
-  at::Tensor x = hidden;
-  std::optional<at::Tensor> residual;
-  for (int64_t i = 0; i < num_layers; ++i) {
-    const DecoderLayerWeights& layer = layers_[i];
-    // The previous layer's output joins the residual stream inside the norm.
-    const at::Tensor normed = add_rms_norm(x, residual, layer.input_norm, eps_);
-    if (!residual) residual = x;
-    at::Tensor attended = attend(layer, normed, positions, kv_caches[i],
-                                 quantized ? &kv_scales[i] : nullptr, slot_mapping,
-                                 block_tables, seq_lens);
-    if (layer.attention_out_norm.defined()) attended = norm(attended, layer.attention_out_norm);
-    const at::Tensor gate_up =
-        layer.gate_up(add_rms_norm(attended, residual, layer.mlp_norm, eps_));
-    at::Tensor activated;
-    if (activation_ == GatedActivation::kSilu) {
-      activated = silu_and_mul(gate_up);
-    } else {
-      const std::vector<at::Tensor> halves = gate_up.chunk(2, -1);
-      activated = at::gelu(halves[0], "tanh") * halves[1];
-    }
-    x = layer.down(activated);
-    if (layer.mlp_out_norm.defined()) x = norm(x, layer.mlp_out_norm);
+  TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) > 0 && hidden.size(1) == hidden_size_ &&
+                  hidden.scalar_type() == at::kFloat,
+              "DecodeLoop: hidden must be float32 [T, ", hidden_size_, "] with T > 0");
+  const int64_t tokens = hidden.size(0);
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.numel() == tokens &&
+                  slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == tokens,
+              "DecodeLoop: positions and slot_mapping must be int64 with one entry per token");
+  const at::Tensor pos = positions.contiguous(), slots = slot_mapping.contiguous();
+  const int64_t num_slots = kv_caches.front().size(1) * kv_caches.front().size(2);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t p = pos.data_ptr<int64_t>()[t], s = slots.data_ptr<int64_t>()[t];
+    TORCH_CHECK(p >= 0 && p < max_positions_, "DecodeLoop: position ", p,
+                " is outside the rotary tables of ", max_positions_, " rows");
+    TORCH_CHECK(s >= 0 && s < num_slots, "DecodeLoop: slot ", s, " is outside the cache's ",
+                num_slots, " slots");
   }
-  return {x, residual.value_or(x)};
+
+  // The step's buffers, each reused by every layer.
+  const at::TensorOptions f32 = hidden.options();
+  const int64_t q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
+  const int64_t gated = layers_.front().gate_up.out_features, inner = gated / 2;
+  // The residual stream starts as the first layer's input and is updated in place.
+  const at::Tensor residual = hidden.contiguous();
+  const at::Tensor normed = at::empty({tokens, hidden_size_}, f32);
+  const at::Tensor qkv = at::empty({tokens, q_size + 2 * kv_size}, f32);
+  const at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, num_heads_, head_dim_});
+  const at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
+  const at::Tensor v =
+      qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
+  const at::Tensor attended = at::empty({tokens, q_size}, f32);
+  const at::Tensor projected = at::empty({tokens, hidden_size_}, f32);
+  const at::Tensor gate_up = at::empty({tokens, gated}, f32);
+  at::Tensor activated = at::empty({tokens, inner}, f32);  // not const: at::mul_out writes it
+  const at::Tensor down = at::empty({tokens, hidden_size_}, f32);
+  // Gemma's per-head q / k norms and output norms write here.
+  const bool gemma = std::any_of(layers_.begin(), layers_.end(), [](const auto& layer) {
+    return layer.q_norm.defined() || layer.attention_out_norm.defined() ||
+           layer.mlp_out_norm.defined();
+  });
+  const at::Tensor q_normed = gemma ? at::empty({tokens, num_heads_, head_dim_}, f32) : q;
+  const at::Tensor k_normed = gemma ? at::empty({tokens, num_kv_heads_, head_dim_}, f32) : k;
+  const at::Tensor post_normed = gemma ? at::empty({tokens, hidden_size_}, f32) : down;
+  int64_t scratch_bytes = 0;
+  for (const DecoderLayerWeights& layer : layers_)
+    scratch_bytes = std::max({scratch_bytes, layer.qkv.scratch_bytes(tokens, hidden_size_),
+                              layer.o.scratch_bytes(tokens, q_size),
+                              layer.gate_up.scratch_bytes(tokens, hidden_size_),
+                              layer.down.scratch_bytes(tokens, inner)});
+  const at::Tensor scratch_buffer = at::empty({scratch_bytes}, f32.dtype(at::kByte));
+  void* scratch = scratch_buffer.data_ptr();
+  const auto [tables, lens] =
+      check_decode_attention("DecodeLoop", q, kv_caches.front(), block_tables, seq_lens);
+  float* residual_ptr = residual.data_ptr<float>();
+  const float eps = static_cast<float>(eps_);
+
+#pragma omp parallel
+  {
+    const at::Tensor* x = &residual;  // each layer's input, before it joins the residual stream
+    for (int64_t i = 0; i < num_layers; ++i) {
+      const DecoderLayerWeights& layer = layers_[i];
+      const at::Tensor* layer_scales = quantized ? &kv_scales[i] : nullptr;
+      // The previous layer's output joins the residual stream inside the norm.
+      add_rms_norm_team(*x, i == 0 ? nullptr : residual_ptr, layer.input_norm, eps, normed);
+      layer.qkv.run(normed, qkv, scratch);
+      if (layer.q_norm.defined()) {
+        add_rms_norm_team(q, nullptr, layer.q_norm, eps, q_normed);
+        add_rms_norm_team(k, nullptr, layer.k_norm, eps, k_normed);
+      }
+      const at::Tensor& layer_q = layer.q_norm.defined() ? q_normed : q;
+      const at::Tensor& layer_k = layer.q_norm.defined() ? k_normed : k;
+      rotary_embedding_team(pos, layer_q, layer_k, layer.cos, layer.sin);
+      store_kv_team(kv_caches[i], layer_scales, slots, layer_k, v);
+      paged_decode_attention_team(layer_q, kv_caches[i], layer_scales, tables, lens, scale_,
+                                  layer.window, attended);
+      layer.o.run(attended, projected, scratch);
+      const at::Tensor* attention_out = &projected;
+      if (layer.attention_out_norm.defined()) {
+        add_rms_norm_team(projected, nullptr, layer.attention_out_norm, eps, post_normed);
+        attention_out = &post_normed;
+      }
+      add_rms_norm_team(*attention_out, residual_ptr, layer.mlp_norm, eps, normed);
+      layer.gate_up.run(normed, gate_up, scratch);
+      if (activation_ == GatedActivation::kSilu) {
+        silu_and_mul_team(gate_up, activated);
+      } else {
+        // torch's own tanh-GELU, as the Python layers use it, on one thread: inside this region
+        // ATen runs it serially instead of opening a region of its own.
+#pragma omp master
+        at::mul_out(activated, at::gelu(gate_up.narrow(1, 0, inner), "tanh"),
+                    gate_up.narrow(1, inner, inner));
+#pragma omp barrier
+      }
+      layer.down.run(activated, down, scratch);
+      x = &down;
+      if (layer.mlp_out_norm.defined()) {
+        add_rms_norm_team(down, nullptr, layer.mlp_out_norm, eps, post_normed);
+        x = &post_normed;
+      }
+    }
+  }
+  const at::Tensor& out = layers_.back().mlp_out_norm.defined() ? post_normed : down;
+  return {out, residual};
 }
 
 }  // namespace tokenmill

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -24,8 +25,8 @@ struct LinearKernel {
   at::Tensor mins;
   int64_t group_size;
   std::optional<at::Tensor> bias;
-  at::Tensor packed;         // float32's packed copy; undefined: none
-  int64_t out_features = 0;  // N, which int8 / int4 panels (padded to 8 rows) do not tell
+  at::Tensor packed;     // float32's packed copy; undefined: none
+  int64_t out_features;  // N, which int8 / int4 panels (padded to 8 rows) do not tell
 
   static LinearKernel float32(at::Tensor weight, std::optional<at::Tensor> bias,
                               std::optional<at::Tensor> packed);
@@ -35,7 +36,12 @@ struct LinearKernel {
                            int64_t group_size, std::optional<at::Tensor> bias);
   static LinearKernel fp8(at::Tensor qweight, at::Tensor scales, std::optional<at::Tensor> bias);
 
-  at::Tensor operator()(const at::Tensor& x) const;
+  // Throws unless the weights hold n outputs of k inputs; `name` says which layer.
+  void check(const std::string& name, int64_t k, int64_t n) const;
+  // Bytes of scratch a product of m rows of k inputs needs (team.h).
+  int64_t scratch_bytes(int64_t m, int64_t k) const;
+  // y [M, N] = x [M, K] W^T + b, over the threads of the enclosing parallel region (team.h).
+  void run(const at::Tensor& x, const at::Tensor& y, void* scratch) const;
 };
 
 // One decoder layer: pre-norm, merged q/k/v, attention, output projection, pre-norm, merged
@@ -77,12 +83,6 @@ class DecodeLoop {
                                          const at::Tensor& seq_lens) const;
 
  private:
-  at::Tensor attend(const DecoderLayerWeights& layer, const at::Tensor& normed,
-                    const at::Tensor& positions, const at::Tensor& kv_cache,
-                    const at::Tensor* kv_scales, const at::Tensor& slot_mapping,
-                    const at::Tensor& block_tables, const at::Tensor& seq_lens) const;
-  at::Tensor norm(const at::Tensor& x, const at::Tensor& weight) const;
-
   std::vector<DecoderLayerWeights> layers_;
   int64_t num_heads_;
   int64_t num_kv_heads_;
@@ -90,6 +90,8 @@ class DecodeLoop {
   double eps_;
   double scale_;
   GatedActivation activation_;
+  int64_t hidden_size_;
+  int64_t max_positions_;  // rows of the shortest rotary table
 };
 
 }  // namespace tokenmill

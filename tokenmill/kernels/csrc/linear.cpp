@@ -20,6 +20,7 @@
 #include "fp8.h"
 #include "quant.h"
 #include "simd.h"
+#include "team.h"
 
 namespace tokenmill {
 namespace {
@@ -161,20 +162,27 @@ at::Tensor check_linear(const char* op, const at::Tensor& x, int64_t n, int64_t 
 }
 
 template <typename Rows>
-at::Tensor run(const at::Tensor& x, Rows weight, int64_t n,
-               const std::optional<at::Tensor>& bias) {
-  const int64_t m = x.size(0), k = x.size(1);
-  at::Tensor y = at::empty({m, n}, x.options());
-  const LinearArgs<Rows> args{x.data_ptr<float>(), weight,
-                              bias.has_value() ? bias->data_ptr<float>() : nullptr,
-                              y.data_ptr<float>(), m, n, k};
+void run(const at::Tensor& x, Rows weight, const float* bias, const at::Tensor& y) {
+  const int64_t m = x.size(0), k = x.size(1), n = y.size(1);
+  const LinearArgs<Rows> args{x.data_ptr<float>(), weight, bias, y.data_ptr<float>(), m, n, k};
   const int64_t tiles = (n + kWeightRows - 1) / kWeightRows;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < tiles; ++t) weight_tile(args, t * kWeightRows);
-  return y;
 }
 
 }  // namespace
+
+void skinny_linear_team(const at::Tensor& x, const at::Tensor& weight, const float* bias,
+                        const at::Tensor& y) {
+  run(x, Float32Rows{weight.data_ptr<float>(), weight.size(1)}, bias, y);
+}
+
+void fp8_linear_team(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                     const float* bias, const at::Tensor& y) {
+  const Fp8Rows rows{static_cast<const uint8_t*>(qweight.data_ptr()), scales.data_ptr<float>(),
+                     qweight.size(1)};
+  run(x, rows, bias, y);
+}
 
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight,
                          const std::optional<at::Tensor>& bias) {
@@ -182,7 +190,10 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight,
               "linear: weight must be a contiguous float32 [N, K]");
   const int64_t n = weight.size(0), k = weight.size(1);
   const at::Tensor xc = check_linear("linear", x, n, k, bias);
-  return run(xc, Float32Rows{weight.data_ptr<float>(), k}, n, bias);
+  at::Tensor y = at::empty({xc.size(0), n}, xc.options());
+#pragma omp parallel
+  skinny_linear_team(xc, weight, bias ? bias->data_ptr<float>() : nullptr, y);
+  return y;
 }
 
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
@@ -190,8 +201,10 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::
   check_fp8_weight("fp8_linear", qweight, scales);
   const int64_t n = qweight.size(0), k = qweight.size(1);
   const at::Tensor xc = check_linear("fp8_linear", x, n, k, bias);
-  const Fp8Rows rows{static_cast<const uint8_t*>(qweight.data_ptr()), scales.data_ptr<float>(), k};
-  return run(xc, rows, n, bias);
+  at::Tensor y = at::empty({xc.size(0), n}, xc.options());
+#pragma omp parallel
+  fp8_linear_team(xc, qweight, scales, bias ? bias->data_ptr<float>() : nullptr, y);
+  return y;
 }
 
 }  // namespace tokenmill

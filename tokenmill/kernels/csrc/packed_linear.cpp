@@ -26,6 +26,7 @@
 #include <optional>
 
 #include "simd.h"
+#include "team.h"
 
 namespace tokenmill {
 namespace {
@@ -155,7 +156,7 @@ void narrow_product(const float* x, int64_t k, const float* w, int64_t panels,
                     const float* bias, float* y, int64_t n) {
   constexpr int64_t kGroup = kNarrowPanels<Rows>;
   const int64_t groups = (panels + kGroup - 1) / kGroup;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t first = g * kGroup;
     narrow_group<Rows, kGroup>(std::min(kGroup, panels - first), x, w + first * k * kPanel, k,
@@ -185,54 +186,67 @@ at::Tensor pack_linear_weight(const at::Tensor& weight) {
   return padded.view({panels, kPanel, k}).transpose(1, 2).contiguous();
 }
 
-at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
-                         const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat,
-              "packed_linear: x must be float32 [M, K]");
+void check_packed_linear_weight(const char* op, const at::Tensor& packed, int64_t n, int64_t k) {
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kPanel && packed.is_contiguous() &&
                   packed.scalar_type() == at::kFloat,
-              "packed_linear: packed must come from pack_linear_weight");
-  const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0);
-  TORCH_CHECK(packed.size(1) == k, "packed_linear: x and weight disagree on K");
-  TORCH_CHECK(n > (panels - 1) * kPanel && n <= panels * kPanel,
-              "packed_linear: n does not match the packed weight");
-  if (bias.has_value())
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
-                "packed_linear: bias must be a contiguous float32 [N]");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(packed.data_ptr()) % 32 == 0,
-              "packed_linear: packed weight must be 32-byte aligned");
-  const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty({m, n}, x.options());
-  const float* xs = xc.data_ptr<float>();
+              op, ": packed must come from pack_linear_weight");
+  const int64_t panels = packed.size(0);
+  TORCH_CHECK(packed.size(1) == k, op, ": x and weight disagree on K");
+  TORCH_CHECK(n > (panels - 1) * kPanel && n <= panels * kPanel, op,
+              ": n does not match the packed weight");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(packed.data_ptr()) % 32 == 0, op,
+              ": packed weight must be 32-byte aligned");
+}
+
+int64_t packed_linear_scratch_bytes(int64_t m, int64_t k) {
+  return m <= kNarrowMaxRows ? 0 : (m + kChunk - 1) / kChunk * k * kChunk * sizeof(float);
+}
+
+void packed_linear_team(const at::Tensor& x, const at::Tensor& packed, const float* bias,
+                        const at::Tensor& y, void* scratch) {
+  const int64_t m = x.size(0), k = x.size(1), n = y.size(1), panels = packed.size(0);
+  const float* xs = x.data_ptr<float>();
   const float* w = packed.data_ptr<float>();
-  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* out = y.data_ptr<float>();
   if (m <= kNarrowMaxRows) {
     const auto product =
         m == 1 ? narrow_product<1> : m == 2 ? narrow_product<2> : narrow_product<3>;
-    product(xs, k, w, panels, b, out, n);
-    return y;
+    product(xs, k, w, panels, bias, out, n);
+    return;
   }
   const int64_t chunks = (m + kChunk - 1) / kChunk;
-  at::Tensor x_packed = at::empty({chunks, k, kChunk}, x.options());
-  float* xp = x_packed.data_ptr<float>();
+  auto* xp = static_cast<float*>(scratch);  // [chunks, k, 6]
   constexpr int64_t kChunksPerPass = kRowsPerPass / kChunk;
-#pragma omp parallel
-  {
 #pragma omp for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c)
-      pack_rows(xs + c * kChunk * k, std::min(kChunk, m - c * kChunk), k, xp + c * k * kChunk);
-    for (int64_t first = 0; first < chunks; first += kChunksPerPass) {
-      const int64_t last = std::min(chunks, first + kChunksPerPass);
+  for (int64_t c = 0; c < chunks; ++c)
+    pack_rows(xs + c * kChunk * k, std::min(kChunk, m - c * kChunk), k, xp + c * k * kChunk);
+  for (int64_t first = 0; first < chunks; first += kChunksPerPass) {
+    const int64_t last = std::min(chunks, first + kChunksPerPass);
 #pragma omp for schedule(static)
-      for (int64_t p = 0; p < panels; ++p) {
-        const int64_t valid = std::min(kPanel, n - p * kPanel);
-        for (int64_t c = first; c < last; ++c)
-          tile(xp + c * k * kChunk, w + p * k * kPanel, k, b ? b + p * kPanel : nullptr,
-               out + c * kChunk * n + p * kPanel, n, std::min(kChunk, m - c * kChunk), valid);
-      }
+    for (int64_t p = 0; p < panels; ++p) {
+      const int64_t valid = std::min(kPanel, n - p * kPanel);
+      for (int64_t c = first; c < last; ++c)
+        tile(xp + c * k * kChunk, w + p * k * kPanel, k, bias ? bias + p * kPanel : nullptr,
+             out + c * kChunk * n + p * kPanel, n, std::min(kChunk, m - c * kChunk), valid);
     }
   }
+}
+
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                         const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat,
+              "packed_linear: x must be float32 [M, K]");
+  const int64_t m = x.size(0), k = x.size(1);
+  check_packed_linear_weight("packed_linear", packed, n, k);
+  if (bias.has_value())
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+                "packed_linear: bias must be a contiguous float32 [N]");
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty({m, n}, x.options());
+  at::Tensor scratch = at::empty({packed_linear_scratch_bytes(m, k)}, x.options().dtype(at::kByte));
+#pragma omp parallel
+  packed_linear_team(xc, packed, bias.has_value() ? bias->data_ptr<float>() : nullptr, y,
+                     scratch.data_ptr());
   return y;
 }
 

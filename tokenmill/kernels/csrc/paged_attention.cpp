@@ -21,6 +21,7 @@
 
 #include "fp8.h"
 #include "simd.h"
+#include "team.h"
 
 namespace tokenmill {
 namespace {
@@ -348,46 +349,67 @@ void check_tables(const at::Tensor& tables, const at::Tensor& lens, int64_t bloc
   }
 }
 
-// Every (sequence, KV head) pair of the batch over `cache`; q is [B, H, d], contiguous.
+// Every (sequence, KV head) pair of the batch over `cache` into out [B, H, d], contiguous; q is
+// [B, H, d] with contiguous heads and any token stride.
 template <typename Cache>
-at::Tensor attend_batch(const Cache& cache, const at::Tensor& qc, const at::Tensor& tables,
-                        const at::Tensor& lens, double scale, int64_t window) {
-  const int64_t batch = qc.size(0), heads = qc.size(1), dim = qc.size(2);
+void attend_batch(const Cache& cache, const at::Tensor& q, const at::Tensor& tables,
+                  const at::Tensor& lens, double scale, int64_t window, const at::Tensor& out) {
+  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2), q_stride = q.stride(0);
   const int64_t kv_heads = cache.kv_heads, block_size = cache.block_size;
-  at::Tensor out = at::empty_like(qc);
   const int64_t group = heads / kv_heads, max_blocks = tables.size(1);
-  const float* q_ptr = qc.data_ptr<float>();
+  const float* q_ptr = q.data_ptr<float>();
   const int64_t* table = tables.data_ptr<int64_t>();
   const int64_t* len = lens.data_ptr<int64_t>();
   float* out_ptr = out.data_ptr<float>();
   // A work item is a sequence with all its KV heads, or where that leaves threads idle (a few
   // sequences) a single KV head of one.
-  const int64_t heads_per_item = batch >= 4 * omp_get_max_threads() ? kv_heads : 1;
+  const int64_t heads_per_item = batch >= 4 * omp_get_num_threads() ? kv_heads : 1;
   const int64_t items_per_sequence = kv_heads / heads_per_item;
-#pragma omp parallel
-  {
-    std::vector<HeadGroup> states(heads_per_item, HeadGroup(group, dim, block_size));
-    // Dynamic: sequences differ in length, so equal counts of items are not equal work.
+  std::vector<HeadGroup> states(heads_per_item, HeadGroup(group, dim, block_size));
+  // Dynamic: sequences differ in length, so equal counts of items are not equal work.
 #pragma omp for schedule(dynamic)
-    for (int64_t item = 0; item < batch * items_per_sequence; ++item) {
-      const int64_t b = item / items_per_sequence;
-      const int64_t first_head = (item % items_per_sequence) * heads_per_item;
-      // KV head h's query heads h * group ... are adjacent rows of q and of out.
-      const int64_t row = b * heads * dim;
-      attend_heads(states.data(), cache, table + b * max_blocks, len[b], window, first_head,
-                   first_head + heads_per_item, q_ptr + row, static_cast<float>(scale),
-                   out_ptr + row, group * dim);
-    }
+  for (int64_t item = 0; item < batch * items_per_sequence; ++item) {
+    const int64_t b = item / items_per_sequence;
+    const int64_t first_head = (item % items_per_sequence) * heads_per_item;
+    // KV head h's query heads h * group ... are adjacent rows of q and of out.
+    attend_heads(states.data(), cache, table + b * max_blocks, len[b], window, first_head,
+                 first_head + heads_per_item, q_ptr + b * q_stride, static_cast<float>(scale),
+                 out_ptr + b * heads * dim, group * dim);
   }
-  return out;
 }
+
+// The cache's elements and layout for attend_batch: float32, or int8 / fp8 codes with `scales`.
+template <typename Body>
+void with_cache(const at::Tensor& kv_cache, const at::Tensor* scales, Body body) {
+  const int64_t block_size = kv_cache.size(2), kv_heads = kv_cache.size(3), dim = kv_cache.size(4);
+  if (scales == nullptr) {
+    // K and V halves by pointer arithmetic: kv_cache[0] would cost a dispatched select per call.
+    const float* keys = kv_cache.data_ptr<float>();
+    body(PagedCache<Float32Elements>{keys, keys + kv_cache.stride(0), nullptr, nullptr,
+                                     block_size, kv_heads, dim});
+    return;
+  }
+  const float* key_scales = scales->data_ptr<float>();
+  const float* value_scales = key_scales + scales->stride(0);
+  if (kv_cache.scalar_type() == at::kChar) {
+    const int8_t* keys = kv_cache.data_ptr<int8_t>();
+    body(PagedCache<Int8Elements>{keys, keys + kv_cache.stride(0), key_scales, value_scales,
+                                  block_size, kv_heads, dim});
+    return;
+  }
+  const auto* keys = static_cast<const uint8_t*>(kv_cache.data_ptr());
+  body(PagedCache<Fp8Elements>{keys, keys + kv_cache.stride(0), key_scales, value_scales,
+                               block_size, kv_heads, dim});
+}
+
+}  // namespace
 
 // The checks both entry points share, on q [B, H, d] and a cache [2, blocks, block_size,
 // kv_heads, d]; returns the tables and lengths as contiguous int64.
-std::pair<at::Tensor, at::Tensor> check_batch(const char* op, const at::Tensor& q,
-                                              const at::Tensor& cache,
-                                              const at::Tensor& block_tables,
-                                              const at::Tensor& seq_lens) {
+std::pair<at::Tensor, at::Tensor> check_decode_attention(const char* op, const at::Tensor& q,
+                                                         const at::Tensor& cache,
+                                                         const at::Tensor& block_tables,
+                                                         const at::Tensor& seq_lens) {
   TORCH_CHECK(q.dim() == 3 && cache.dim() == 5 && cache.size(0) == 2, op,
               ": q must be [B, H, d], the cache [2, blocks, block_size, kv_heads, d]");
   TORCH_CHECK(q.scalar_type() == at::kFloat, op, ": q must be float32");
@@ -403,7 +425,14 @@ std::pair<at::Tensor, at::Tensor> check_batch(const char* op, const at::Tensor& 
   return {tables, lens};
 }
 
-}  // namespace
+void paged_decode_attention_team(const at::Tensor& q, const at::Tensor& kv_cache,
+                                 const at::Tensor* scales, const at::Tensor& tables,
+                                 const at::Tensor& lens, double scale, int64_t window,
+                                 const at::Tensor& out) {
+  with_cache(kv_cache, scales, [&](const auto& cache) {
+    attend_batch(cache, q, tables, lens, scale, window, out);
+  });
+}
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens,
@@ -411,13 +440,12 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cach
   TORCH_CHECK(kv_cache.scalar_type() == at::kFloat,
               "paged_decode_attention: kv_cache must be float32");
   const auto [tables, lens] =
-      check_batch("paged_decode_attention", q, kv_cache, block_tables, seq_lens);
-  // K and V halves by pointer arithmetic: kv_cache[0] would cost a dispatched select per call.
-  const float* keys = kv_cache.data_ptr<float>();
-  const PagedCache<Float32Elements> cache{keys,    keys + kv_cache.stride(0), nullptr,
-                                          nullptr, kv_cache.size(2),         kv_cache.size(3),
-                                          kv_cache.size(4)};
-  return attend_batch(cache, q.contiguous(), tables, lens, scale, window);
+      check_decode_attention("paged_decode_attention", q, kv_cache, block_tables, seq_lens);
+  const at::Tensor qc = q.contiguous();
+  at::Tensor out = at::empty_like(qc);
+#pragma omp parallel
+  paged_decode_attention_team(qc, kv_cache, nullptr, tables, lens, scale, window, out);
+  return out;
 }
 
 // values: int8 or float8_e4m3fn [2, blocks, block_size, kv_heads, d]; scales: float32
@@ -431,23 +459,14 @@ at::Tensor paged_decode_attention_quantized(const at::Tensor& q, const at::Tenso
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() &&
                   scales.sizes() == values.sizes().slice(0, 4),
               kOp, ": scales must be a contiguous float32 [2, blocks, block_size, kv_heads]");
-  const auto [tables, lens] = check_batch(kOp, q, values, block_tables, seq_lens);
-  const int64_t block_size = values.size(2), kv_heads = values.size(3), dim = values.size(4);
-  const float* key_scales = scales.data_ptr<float>();
-  const float* value_scales = key_scales + scales.stride(0);
+  TORCH_CHECK(values.scalar_type() == at::kChar || values.scalar_type() == at::kFloat8_e4m3fn,
+              kOp, ": values must be int8 or float8_e4m3fn");
+  const auto [tables, lens] = check_decode_attention(kOp, q, values, block_tables, seq_lens);
   const at::Tensor qc = q.contiguous();
-  if (values.scalar_type() == at::kChar) {
-    const int8_t* keys = values.data_ptr<int8_t>();
-    const PagedCache<Int8Elements> cache{
-        keys, keys + values.stride(0), key_scales, value_scales, block_size, kv_heads, dim};
-    return attend_batch(cache, qc, tables, lens, scale, window);
-  }
-  TORCH_CHECK(values.scalar_type() == at::kFloat8_e4m3fn, kOp,
-              ": values must be int8 or float8_e4m3fn");
-  const auto* keys = static_cast<const uint8_t*>(values.data_ptr());
-  const PagedCache<Fp8Elements> cache{
-      keys, keys + values.stride(0), key_scales, value_scales, block_size, kv_heads, dim};
-  return attend_batch(cache, qc, tables, lens, scale, window);
+  at::Tensor out = at::empty_like(qc);
+#pragma omp parallel
+  paged_decode_attention_team(qc, values, &scales, tables, lens, scale, window, out);
+  return out;
 }
 
 }  // namespace tokenmill

@@ -19,24 +19,38 @@ constexpr int64_t kQuantBlock = 32;
 // L is 127 for int8 values (for int4 weights, whose kernel is compute-bound) and 32767 for
 // int16 (for int8 weights: memory-bound, so the wider product costs little, and their rounding
 // of the activations becomes negligible). A row of k values takes `blocks` >= ceil(k / 32)
-// blocks, zero past k.
+// blocks, zero past k. The rows live in memory the caller provides (storage_bytes of it), so
+// the decode loop can set it aside before its parallel region.
 template <typename T>
 class QuantizedRows {
  public:
   static constexpr int kLimit = sizeof(T) == 1 ? 127 : 32767;
 
-  QuantizedRows(const float* x, int64_t rows, int64_t k, int64_t blocks);
+  static int64_t storage_bytes(int64_t rows, int64_t blocks) {
+    return rows * blocks * (2 * sizeof(float) + kQuantBlock * sizeof(T));
+  }
+
+  // `rows` rows of `blocks` blocks laid out in `storage`, which must be 4-byte aligned.
+  QuantizedRows(void* storage, int64_t rows, int64_t blocks)
+      : blocks_(blocks),
+        scales_(static_cast<float*>(storage)),
+        sums_(scales_ + rows * blocks),
+        values_(reinterpret_cast<T*>(sums_ + rows * blocks)) {}
+
+  // x [rows, k] into these rows, the blocks shared out among the enclosing parallel region's
+  // threads (team.h).
+  void quantize(const float* x, int64_t rows, int64_t k);
 
   int64_t blocks() const { return blocks_; }
-  const T* values(int64_t row) const { return values_.data() + row * blocks_ * kQuantBlock; }
-  const float* scales(int64_t row) const { return scales_.data() + row * blocks_; }
-  const float* sums(int64_t row) const { return sums_.data() + row * blocks_; }
+  const T* values(int64_t row) const { return values_ + row * blocks_ * kQuantBlock; }
+  const float* scales(int64_t row) const { return scales_ + row * blocks_; }
+  const float* sums(int64_t row) const { return sums_ + row * blocks_; }
 
  private:
   int64_t blocks_;
-  std::vector<T> values_;     // [rows, blocks * 32]
-  std::vector<float> scales_;  // [rows, blocks]
-  std::vector<float> sums_;    // [rows, blocks]
+  float* scales_;  // [rows, blocks]
+  float* sums_;    // [rows, blocks]
+  T* values_;      // [rows, blocks * 32]
 };
 
 // Bytes per packed weight row of k inputs: int8 rows pad k to a multiple of 32, int4 rows to a

@@ -32,6 +32,7 @@
 
 #include "quant.h"
 #include "simd.h"
+#include "team.h"
 
 namespace tokenmill {
 namespace {
@@ -111,7 +112,6 @@ struct Problem {
   const uint8_t* values;    // [panels, blocks * kBlockBytes]
   const Scale* scales;      // [panels, groups, 8]
   const Scale* mins;        // [panels, groups, 8] for int4, else nullptr
-  const float* group_sums;  // [m, groups]: Σ over a group's blocks of x's d * sum(q) (int4)
   const float* bias;        // [n] or nullptr
   float* y;                 // [m, n]
   int64_t m, n, blocks, groups, blocks_per_group;
@@ -132,13 +132,16 @@ void panel_rows(const Problem<Weights>& p, int64_t panel, int64_t m0) {
   for (auto& a : acc) a = _mm256_setzero_ps();
   for (int64_t g = 0; g < p.groups; ++g) {
     const __m256 scale = load8(scales + g * kPanelRows);
-    if constexpr (Weights::kHasMins) {
-      const __m256 min = load8(p.mins + (panel * p.groups + g) * kPanelRows);
-      for (int i = 0; i < XRows; ++i)
-        acc[i] = _mm256_fmadd_ps(
-            min, _mm256_broadcast_ss(p.group_sums + (m0 + i) * p.groups + g), acc[i]);
-    }
     const int64_t end = std::min(p.blocks, (g + 1) * p.blocks_per_group);
+    if constexpr (Weights::kHasMins) {
+      // The offset's term: min times the group's sum of x, Σ d * sum(q) over its blocks.
+      const __m256 min = load8(p.mins + (panel * p.groups + g) * kPanelRows);
+      for (int i = 0; i < XRows; ++i) {
+        float group_sum = 0.0f;
+        for (int64_t b = g * p.blocks_per_group; b < end; ++b) group_sum += p.x->sums(m0 + i)[b];
+        acc[i] = _mm256_fmadd_ps(min, _mm256_set1_ps(group_sum), acc[i]);
+      }
+    }
     for (int64_t b = g * p.blocks_per_group; b < end; ++b) {
       const typename Weights::Activation* x[XRows];
       for (int i = 0; i < XRows; ++i) x[i] = xq[i] + b * kQuantBlock;
@@ -178,49 +181,18 @@ void panel(const Problem<Weights>& p, int64_t index) {
   }
 }
 
-template <typename Weights>
-at::Tensor run(Problem<Weights> p, const at::Tensor& x, const std::optional<at::Tensor>& bias) {
-  const at::Tensor xc = x.contiguous();
-  p.m = x.size(0);
-  const QuantizedRows<typename Weights::Activation> quantized(xc.data_ptr<float>(), p.m,
-                                                              x.size(1), p.blocks);
-  p.x = &quantized;
-  std::vector<float> group_sums;
-  if constexpr (Weights::kHasMins) {
-    group_sums.assign(p.m * p.groups, 0.0f);
-    for (int64_t i = 0; i < p.m; ++i)
-      for (int64_t b = 0; b < p.blocks; ++b)
-        group_sums[i * p.groups + b / p.blocks_per_group] += quantized.sums(i)[b];
-    p.group_sums = group_sums.data();
-  }
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
-                    bias->numel() == p.n,
-                "quantized linear: bias must be a contiguous float32 [N]");
-    p.bias = bias->data_ptr<float>();
-  }
-  at::Tensor y = at::empty({p.m, p.n}, x.options());
-  p.y = y.data_ptr<float>();
-  const int64_t panels = (p.n + kPanelRows - 1) / kPanelRows;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < panels; ++t) panel(p, t);
-  return y;
-}
-
-// Checks the panel tensors against x's K and the n outputs they hold.
-void check_panels(const char* op, const at::Tensor& x, const at::Tensor& values,
-                  int64_t block_bytes, const std::vector<at::Tensor>& per_group, int64_t n,
+// Checks the panel tensors against the n outputs of k inputs they hold.
+void check_panels(const char* op, const at::Tensor& values, int64_t block_bytes,
+                  const std::vector<at::Tensor>& per_group, int64_t n, int64_t k,
                   int64_t group_size) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) > 0, op,
-              ": x must be float32 [M, K] with K > 0");
   check_group_size(op, group_size);
   const int64_t panels = (n + kPanelRows - 1) / kPanelRows;
-  const int64_t blocks = (x.size(1) + kQuantBlock - 1) / kQuantBlock;
-  const int64_t groups = (x.size(1) + group_size - 1) / group_size;
+  const int64_t blocks = (k + kQuantBlock - 1) / kQuantBlock;
+  const int64_t groups = (k + group_size - 1) / group_size;
   TORCH_CHECK(values.dim() == 2 && values.scalar_type() == at::kByte && values.is_contiguous() &&
                   values.size(0) == panels && values.size(1) == blocks * block_bytes,
               op, ": values must be contiguous uint8 [", panels, ", ", blocks * block_bytes,
-              "] for ", n, " outputs of ", x.size(1), " inputs");
+              "] for ", n, " outputs of ", k, " inputs");
   for (const at::Tensor& t : per_group)
     TORCH_CHECK(t.scalar_type() == per_group[0].scalar_type() && t.is_contiguous() &&
                     t.dim() == 3 && t.size(0) == panels && t.size(1) == groups &&
@@ -228,28 +200,91 @@ void check_panels(const char* op, const at::Tensor& x, const at::Tensor& values,
                 op, ": scales/mins must be contiguous [", panels, ", ", groups, ", 8] of one dtype");
 }
 
+// The product over the enclosing parallel region's threads: x quantized into `scratch`, then the
+// panels shared out.
+template <template <typename> class Format>
+void panel_linear_team(const at::Tensor& x, const at::Tensor& values, const at::Tensor& scales,
+                       const at::Tensor* mins, int64_t group_size, const float* bias,
+                       const at::Tensor& y, void* scratch) {
+  with_scale_type(scales, [&](auto scale_type) {
+    using Scale = std::remove_const_t<std::remove_pointer_t<decltype(scale_type)>>;
+    using Weights = Format<Scale>;
+    Problem<Weights> p{};
+    p.values = values.data_ptr<uint8_t>();
+    p.scales = scales.data_ptr<Scale>();
+    p.mins = mins != nullptr ? mins->data_ptr<Scale>() : nullptr;
+    p.bias = bias;
+    p.y = y.data_ptr<float>();
+    p.m = x.size(0);
+    p.n = y.size(1);
+    p.blocks = (x.size(1) + kQuantBlock - 1) / kQuantBlock;
+    p.groups = scales.size(1);
+    p.blocks_per_group = group_size / kQuantBlock;
+    QuantizedRows<typename Weights::Activation> quantized(scratch, p.m, p.blocks);
+    quantized.quantize(x.data_ptr<float>(), p.m, x.size(1));
+    p.x = &quantized;
+    const int64_t panels = (p.n + kPanelRows - 1) / kPanelRows;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < panels; ++t) panel(p, t);
+  });
+}
+
+template <template <typename> class Format>
+int64_t scratch_bytes(int64_t m, int64_t k) {
+  using Activation = typename Format<float>::Activation;
+  return QuantizedRows<Activation>::storage_bytes(m, (k + kQuantBlock - 1) / kQuantBlock);
+}
+
+// Checks, allocates y and the scratch, and runs the product on a parallel region of its own.
 template <template <typename> class Format>
 at::Tensor panel_linear(const char* op, const at::Tensor& x, const at::Tensor& values,
                         const at::Tensor& scales, const std::optional<at::Tensor>& mins,
                         int64_t n, int64_t group_size, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) > 0, op,
+              ": x must be float32 [M, K] with K > 0");
   std::vector<at::Tensor> per_group{scales};
   if (mins.has_value()) per_group.push_back(*mins);
-  check_panels(op, x, values, Format<float>::kBlockBytes, per_group, n, group_size);
-  return with_scale_type(scales, [&](auto scale_type) {
-    using Scale = std::remove_const_t<std::remove_pointer_t<decltype(scale_type)>>;
-    Problem<Format<Scale>> p{};
-    p.values = values.data_ptr<uint8_t>();
-    p.scales = scales.data_ptr<Scale>();
-    p.mins = mins.has_value() ? mins->data_ptr<Scale>() : nullptr;
-    p.n = n;
-    p.blocks = (x.size(1) + kQuantBlock - 1) / kQuantBlock;
-    p.groups = scales.size(1);
-    p.blocks_per_group = group_size / kQuantBlock;
-    return run(p, x, bias);
-  });
+  check_panels(op, values, Format<float>::kBlockBytes, per_group, n, x.size(1), group_size);
+  if (bias.has_value())
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+                op, ": bias must be a contiguous float32 [N]");
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty({x.size(0), n}, x.options());
+  at::Tensor scratch =
+      at::empty({scratch_bytes<Format>(x.size(0), x.size(1))}, x.options().dtype(at::kByte));
+#pragma omp parallel
+  panel_linear_team<Format>(xc, values, scales, mins.has_value() ? &*mins : nullptr, group_size,
+                            bias.has_value() ? bias->data_ptr<float>() : nullptr, y,
+                            scratch.data_ptr());
+  return y;
 }
 
 }  // namespace
+
+void check_int8_panels(const char* op, const at::Tensor& values, const at::Tensor& scales,
+                       int64_t n, int64_t k, int64_t group_size) {
+  check_panels(op, values, Int8Panels<float>::kBlockBytes, {scales}, n, k, group_size);
+}
+
+void check_int4_panels(const char* op, const at::Tensor& values, const at::Tensor& scales,
+                       const at::Tensor& mins, int64_t n, int64_t k, int64_t group_size) {
+  check_panels(op, values, Int4Panels<float>::kBlockBytes, {scales, mins}, n, k, group_size);
+}
+
+int64_t int8_linear_scratch_bytes(int64_t m, int64_t k) { return scratch_bytes<Int8Panels>(m, k); }
+
+int64_t int4_linear_scratch_bytes(int64_t m, int64_t k) { return scratch_bytes<Int4Panels>(m, k); }
+
+void int8_linear_team(const at::Tensor& x, const at::Tensor& values, const at::Tensor& scales,
+                      int64_t group_size, const float* bias, const at::Tensor& y, void* scratch) {
+  panel_linear_team<Int8Panels>(x, values, scales, nullptr, group_size, bias, y, scratch);
+}
+
+void int4_linear_team(const at::Tensor& x, const at::Tensor& values, const at::Tensor& scales,
+                      const at::Tensor& mins, int64_t group_size, const float* bias,
+                      const at::Tensor& y, void* scratch) {
+  panel_linear_team<Int4Panels>(x, values, scales, &mins, group_size, bias, y, scratch);
+}
 
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& values, const at::Tensor& scales,
                        int64_t n, int64_t group_size, const std::optional<at::Tensor>& bias) {

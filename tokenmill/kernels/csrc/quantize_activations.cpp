@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <tuple>
+#include <vector>
 
 #include "quant.h"
 #include "simd.h"
@@ -87,19 +88,12 @@ constexpr int64_t kParallelValues = 1 << 16;
 }  // namespace
 
 template <typename T>
-QuantizedRows<T>::QuantizedRows(const float* x, int64_t rows, int64_t k, int64_t blocks)
-    : blocks_(blocks),
-      values_(rows * blocks_ * kQuantBlock),
-      scales_(rows * blocks_),
-      sums_(rows * blocks_) {
-#pragma omp parallel for schedule(static) if (rows * k >= kParallelValues)
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t b = 0; b < blocks_; ++b) {
-      const int64_t index = i * blocks_ + b;
-      quantize_block(x + i * k + b * kQuantBlock, k - b * kQuantBlock,
-                     values_.data() + index * kQuantBlock, scales_.data() + index,
-                     sums_.data() + index);
-    }
+void QuantizedRows<T>::quantize(const float* x, int64_t rows, int64_t k) {
+#pragma omp for schedule(static)
+  for (int64_t index = 0; index < rows * blocks_; ++index) {
+    const int64_t i = index / blocks_, b = index % blocks_;
+    quantize_block(x + i * k + b * kQuantBlock, k - b * kQuantBlock,
+                   values_ + index * kQuantBlock, scales_ + index, sums_ + index);
   }
 }
 
@@ -112,19 +106,18 @@ template <typename T>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantized_tensors(const at::Tensor& x,
                                                                  at::ScalarType dtype) {
   const at::Tensor xc = x.contiguous();
-  const int64_t rows = x.size(0), k = x.size(1);
-  const QuantizedRows<T> quantized(xc.data_ptr<float>(), rows, k,
-                                   (k + kQuantBlock - 1) / kQuantBlock);
-  const int64_t blocks = quantized.blocks();
+  const int64_t rows = x.size(0), k = x.size(1), blocks = (k + kQuantBlock - 1) / kQuantBlock;
+  std::vector<float> storage(
+      (QuantizedRows<T>::storage_bytes(rows, blocks) + sizeof(float) - 1) / sizeof(float));
+  QuantizedRows<T> quantized(storage.data(), rows, blocks);
+#pragma omp parallel if (rows * k >= kParallelValues)
+  quantized.quantize(xc.data_ptr<float>(), rows, k);
   at::Tensor values = at::empty({rows, blocks * kQuantBlock}, x.options().dtype(dtype));
   at::Tensor scales = at::empty({rows, blocks}, x.options());
   at::Tensor sums = at::empty({rows, blocks}, x.options());
-  for (int64_t i = 0; i < rows; ++i) {
-    std::copy_n(quantized.values(i), blocks * kQuantBlock,
-                static_cast<T*>(values.data_ptr()) + i * blocks * kQuantBlock);
-    std::copy_n(quantized.scales(i), blocks, scales.data_ptr<float>() + i * blocks);
-    std::copy_n(quantized.sums(i), blocks, sums.data_ptr<float>() + i * blocks);
-  }
+  std::copy_n(quantized.values(0), rows * blocks * kQuantBlock, static_cast<T*>(values.data_ptr()));
+  std::copy_n(quantized.scales(0), rows * blocks, scales.data_ptr<float>());
+  std::copy_n(quantized.sums(0), rows * blocks, sums.data_ptr<float>());
   return {values, scales, sums};
 }
 

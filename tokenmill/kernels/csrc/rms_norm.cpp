@@ -1,8 +1,9 @@
 // RMSNorm fused with the residual add before it, one native call instead of ~6 torch ops.
 //
 // Per row: the residual stream takes x in place (a 576-float row stays in L1 between the passes),
-// its squares are summed, and the normalised row goes to a fresh output. Decode rows are far too
-// small to split across threads; only wide prefill batches are spread over rows.
+// its squares are summed, and the normalised row goes to a fresh output. On its own a call opens a
+// parallel region only for wide prefill batches: decode rows are far too small to be worth waking
+// a second thread.
 
 #include <ATen/ATen.h>
 
@@ -10,6 +11,7 @@
 #include <optional>
 
 #include "simd.h"
+#include "team.h"
 
 namespace tokenmill {
 namespace {
@@ -46,6 +48,21 @@ void norm_row(const float* __restrict x, float* __restrict residual,
 
 }  // namespace
 
+void add_rms_norm_team(const at::Tensor& x, float* residual, const at::Tensor& weight, float eps,
+                       const at::Tensor& out) {
+  const int64_t dim = x.size(-1);
+  const int64_t per_token = x.dim() == 3 ? x.size(1) : 1;
+  const int64_t rows = x.size(0) * per_token, token_stride = x.stride(0);
+  const float* x_ptr = x.data_ptr<float>();
+  const float* w_ptr = weight.data_ptr<float>();
+  float* out_ptr = out.data_ptr<float>();
+#pragma omp for schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    norm_row(x_ptr + r / per_token * token_stride + r % per_token * dim,
+             residual == nullptr ? nullptr : residual + r * dim, w_ptr, eps, dim,
+             out_ptr + r * dim);
+}
+
 at::Tensor add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                         const at::Tensor& weight, double eps) {
   TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
@@ -61,15 +78,10 @@ at::Tensor add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& re
   const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
   at::Tensor out = at::empty_like(xc);
   const int64_t rows = dim == 0 ? 0 : xc.numel() / dim;
-  const float* x_ptr = xc.data_ptr<float>();
+  if (rows == 0) return out;
   float* res_ptr = residual ? residual->data_ptr<float>() : nullptr;
-  const float* w_ptr = wc.data_ptr<float>();
-  float* out_ptr = out.data_ptr<float>();
-  const float eps_f = static_cast<float>(eps);
-#pragma omp parallel for if (rows * dim >= kParallelMinElements)
-  for (int64_t r = 0; r < rows; ++r)
-    norm_row(x_ptr + r * dim, res_ptr == nullptr ? nullptr : res_ptr + r * dim, w_ptr, eps_f, dim,
-             out_ptr + r * dim);
+#pragma omp parallel if (rows * dim >= kParallelMinElements)
+  add_rms_norm_team(xc.view({rows, dim}), res_ptr, wc, static_cast<float>(eps), out);
   return out;
 }
 

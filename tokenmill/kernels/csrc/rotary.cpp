@@ -7,6 +7,8 @@
 
 #include <ATen/ATen.h>
 
+#include "team.h"
+
 namespace tokenmill {
 namespace {
 
@@ -54,22 +56,14 @@ void check_args(const at::Tensor& positions, const at::Tensor& q, const at::Tens
 
 }  // namespace
 
-void rotary_embedding(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,
-                      const at::Tensor& cos, const at::Tensor& sin) {
-  check_args(positions, q, k, cos, sin);
-  const at::Tensor pos = positions.contiguous();
-  const at::Tensor cos_c = cos.contiguous(), sin_c = sin.contiguous();
-  const int64_t tokens = q.size(0), half = q.size(2) / 2, max_positions = cos.size(0);
-  const int64_t* pos_ptr = pos.data_ptr<int64_t>();
-  // Checked before the parallel loop: an exception cannot leave an OpenMP region.
-  for (int64_t t = 0; t < tokens; ++t)
-    TORCH_CHECK(pos_ptr[t] >= 0 && pos_ptr[t] < max_positions, "rotary_embedding: position ",
-                pos_ptr[t], " is outside the cos/sin tables of ", max_positions, " rows");
+void rotary_embedding_team(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,
+                           const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t tokens = q.size(0), half = q.size(2) / 2;
+  const int64_t* pos_ptr = positions.data_ptr<int64_t>();
   const Heads both[2] = {heads_of(q), heads_of(k)};
-  const float* cos_ptr = cos_c.data_ptr<float>();
-  const float* sin_ptr = sin_c.data_ptr<float>();
-  const int64_t work = tokens * (both[0].count + both[1].count) * 2 * half;
-#pragma omp parallel for if (work >= kParallelMinElements)
+  const float* cos_ptr = cos.data_ptr<float>();
+  const float* sin_ptr = sin.data_ptr<float>();
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < tokens; ++t) {
     const float* c = cos_ptr + pos_ptr[t] * half;
     const float* s = sin_ptr + pos_ptr[t] * half;
@@ -79,6 +73,22 @@ void rotary_embedding(const at::Tensor& positions, const at::Tensor& q, const at
         rotate_head(head, head + half, c, s, half);
       }
   }
+}
+
+void rotary_embedding(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,
+                      const at::Tensor& cos, const at::Tensor& sin) {
+  check_args(positions, q, k, cos, sin);
+  const at::Tensor pos = positions.contiguous();
+  const at::Tensor cos_c = cos.contiguous(), sin_c = sin.contiguous();
+  const int64_t tokens = q.size(0), max_positions = cos.size(0);
+  const int64_t* pos_ptr = pos.data_ptr<int64_t>();
+  // Checked before the parallel loop: an exception cannot leave an OpenMP region.
+  for (int64_t t = 0; t < tokens; ++t)
+    TORCH_CHECK(pos_ptr[t] >= 0 && pos_ptr[t] < max_positions, "rotary_embedding: position ",
+                pos_ptr[t], " is outside the cos/sin tables of ", max_positions, " rows");
+  const int64_t work = tokens * (q.size(1) + k.size(1)) * q.size(2);
+#pragma omp parallel if (work >= kParallelMinElements)
+  rotary_embedding_team(pos, q, k, cos_c, sin_c);
 }
 
 }  // namespace tokenmill

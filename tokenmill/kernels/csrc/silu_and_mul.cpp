@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "simd.h"
+#include "team.h"
 
 namespace tokenmill {
 namespace {
@@ -56,6 +57,17 @@ void silu_mul_row(const float* gate, const float* up, int64_t n, float* out) {
 
 }  // namespace
 
+void silu_and_mul_team(const at::Tensor& x, const at::Tensor& out) {
+  const int64_t rows = out.size(0), width = out.size(1);
+  const float* x_ptr = x.data_ptr<float>();
+  float* out_ptr = out.data_ptr<float>();
+#pragma omp for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gate = x_ptr + r * 2 * width;
+    silu_mul_row(gate, gate + width, width, out_ptr + r * width);
+  }
+}
+
 at::Tensor silu_and_mul(const at::Tensor& x) {
   TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == at::kFloat, "silu_and_mul: x must be float32");
   TORCH_CHECK(x.size(-1) % 2 == 0, "silu_and_mul: x.shape[-1] must be even (gate, then up)");
@@ -65,13 +77,9 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
   out_sizes.back() = width;
   at::Tensor out = at::empty(out_sizes, x.options());
   const int64_t rows = width == 0 ? 0 : xc.numel() / (2 * width);
-  const float* x_ptr = xc.data_ptr<float>();
-  float* out_ptr = out.data_ptr<float>();
-#pragma omp parallel for if (rows * width >= kParallelMinElements)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* gate = x_ptr + r * 2 * width;
-    silu_mul_row(gate, gate + width, width, out_ptr + r * width);
-  }
+  if (rows == 0) return out;
+#pragma omp parallel if (rows * width >= kParallelMinElements)
+  silu_and_mul_team(xc.view({rows, 2 * width}), out.view({rows, width}));
   return out;
 }
 

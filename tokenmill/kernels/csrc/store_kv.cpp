@@ -12,6 +12,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "team.h"
+
 namespace tokenmill {
 namespace {
 
@@ -53,7 +55,7 @@ void store_quantized(const at::Tensor& values, const at::Tensor& scales, const i
   const float* sources[2] = {k.data_ptr<float>(), v.data_ptr<float>()};
   const int64_t token_strides[2] = {k.stride(0), v.stride(0)};
   const int64_t head_strides[2] = {k.stride(1), v.stride(1)};
-#pragma omp parallel for if (tokens * heads * dim >= kParallelMinElements)
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < tokens; ++t)
     for (int which = 0; which < 2; ++which)
       for (int64_t h = 0; h < heads; ++h) {
@@ -92,13 +94,8 @@ at::Tensor check_store(const char* op, const at::Tensor& cache, const at::Tensor
   return slots;
 }
 
-}  // namespace
-
-void store_kv(const at::Tensor& kv_cache, const at::Tensor& slot_mapping, const at::Tensor& k,
-              const at::Tensor& v) {
-  const at::Tensor slots = check_store("store_kv", kv_cache, slot_mapping, k, v);
-  TORCH_CHECK(kv_cache.scalar_type() == at::kFloat, "store_kv: kv_cache must be float32");
-  const int64_t* slot = slots.data_ptr<int64_t>();
+void store_float32(const at::Tensor& kv_cache, const int64_t* slot, const at::Tensor& k,
+                   const at::Tensor& v) {
   const int64_t tokens = k.size(0), heads = k.size(1), dim = k.size(2);
   const int64_t num_slots = kv_cache.size(1) * kv_cache.size(2);
   float* cache = kv_cache.data_ptr<float>();
@@ -106,7 +103,7 @@ void store_kv(const at::Tensor& kv_cache, const at::Tensor& slot_mapping, const 
   const float* sources[2] = {k.data_ptr<float>(), v.data_ptr<float>()};
   const int64_t token_strides[2] = {k.stride(0), v.stride(0)};
   const int64_t head_strides[2] = {k.stride(1), v.stride(1)};
-#pragma omp parallel for if (tokens * row >= kParallelMinElements)
+#pragma omp for schedule(static)
   for (int64_t t = 0; t < tokens; ++t)
     for (int which = 0; which < 2; ++which) {
       float* dst = cache + which * half + slot[t] * row;
@@ -120,6 +117,28 @@ void store_kv(const at::Tensor& kv_cache, const at::Tensor& slot_mapping, const 
     }
 }
 
+}  // namespace
+
+void store_kv_team(const at::Tensor& kv_cache, const at::Tensor* scales, const at::Tensor& slots,
+                   const at::Tensor& k, const at::Tensor& v) {
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  if (scales == nullptr) {
+    store_float32(kv_cache, slot, k, v);
+  } else if (kv_cache.scalar_type() == at::kChar) {
+    store_quantized<Int8Code>(kv_cache, *scales, slot, k, v);
+  } else {
+    store_quantized<Fp8Code>(kv_cache, *scales, slot, k, v);
+  }
+}
+
+void store_kv(const at::Tensor& kv_cache, const at::Tensor& slot_mapping, const at::Tensor& k,
+              const at::Tensor& v) {
+  const at::Tensor slots = check_store("store_kv", kv_cache, slot_mapping, k, v);
+  TORCH_CHECK(kv_cache.scalar_type() == at::kFloat, "store_kv: kv_cache must be float32");
+#pragma omp parallel if (k.numel() >= kParallelMinElements)
+  store_kv_team(kv_cache, nullptr, slots, k, v);
+}
+
 // values: int8 or float8_e4m3fn [2, blocks, block_size, kv_heads, d]; scales: float32
 // [2, blocks, block_size, kv_heads]. Each token's k and v heads are quantized on their own.
 void store_kv_quantized(const at::Tensor& values, const at::Tensor& scales,
@@ -129,14 +148,10 @@ void store_kv_quantized(const at::Tensor& values, const at::Tensor& scales,
                   scales.sizes() == values.sizes().slice(0, 4),
               "store_kv_quantized: scales must be a contiguous float32 [2, blocks, block_size, "
               "kv_heads]");
-  const int64_t* slot = slots.data_ptr<int64_t>();
-  if (values.scalar_type() == at::kChar) {
-    store_quantized<Int8Code>(values, scales, slot, k, v);
-  } else {
-    TORCH_CHECK(values.scalar_type() == at::kFloat8_e4m3fn,
-                "store_kv_quantized: values must be int8 or float8_e4m3fn");
-    store_quantized<Fp8Code>(values, scales, slot, k, v);
-  }
+  TORCH_CHECK(values.scalar_type() == at::kChar || values.scalar_type() == at::kFloat8_e4m3fn,
+              "store_kv_quantized: values must be int8 or float8_e4m3fn");
+#pragma omp parallel if (k.numel() >= kParallelMinElements)
+  store_kv_team(values, &scales, slots, k, v);
 }
 
 }  // namespace tokenmill
