@@ -19,6 +19,14 @@
 //
 // The tile's 12 accumulators are named variables, not an array: with an array there GCC kept
 // them in memory and stored all twelve on every step of k, which halved the speed.
+//
+// On a CPU with AVX-512 (checked once at run time: the build targets AVX2, so one library runs
+// on every CPU here) the tile takes two panels at once, a panel's 16 outputs being one zmm
+// vector: the same 12 accumulators, loads and broadcasts, each FMA twice as wide. Every output
+// lane still runs the same FMAs in the same order of k, so its result is bit-identical to the
+// AVX2 tile's. On a 2-core AVX-512 Xeon, SmolLM2's four layer products took 1.30 ms at 64
+// rows (AVX2 tile 2.05, oneDNN's 512-bit GEMM on its packed copy 1.44) and 0.50 at 16 rows
+// (0.66, 0.57); at 128-256 rows all three are within 10% of each other.
 
 #include <ATen/ATen.h>
 
@@ -100,6 +108,51 @@ void tile(const float* x, const float* w, int64_t k, const float* bias, float* y
   for (int64_t r = 0; r < rows; ++r)
     store_outputs(sums[r][0], sums[r][1], panel, y + r * ldy, valid);
 }
+
+// The tile over panels a and b (adjacent; b's last `valid` outputs real) with zmm vectors.
+[[gnu::target("avx512f,avx512dq")]] void tile_pair(const float* x, const float* a, const float* b,
+                                                   int64_t k, const float* bias, float* y,
+                                                   int64_t ldy, int64_t rows, int64_t valid) {
+  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+  __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+#pragma GCC unroll 4
+  for (int64_t i = 0; i < k; ++i, x += kChunk, a += kPanel, b += kPanel) {
+    const __m512 w0 = _mm512_loadu_ps(a), w1 = _mm512_loadu_ps(b);
+    __m512 v = _mm512_set1_ps(x[0]);
+    c00 = _mm512_fmadd_ps(v, w0, c00);
+    c01 = _mm512_fmadd_ps(v, w1, c01);
+    v = _mm512_set1_ps(x[1]);
+    c10 = _mm512_fmadd_ps(v, w0, c10);
+    c11 = _mm512_fmadd_ps(v, w1, c11);
+    v = _mm512_set1_ps(x[2]);
+    c20 = _mm512_fmadd_ps(v, w0, c20);
+    c21 = _mm512_fmadd_ps(v, w1, c21);
+    v = _mm512_set1_ps(x[3]);
+    c30 = _mm512_fmadd_ps(v, w0, c30);
+    c31 = _mm512_fmadd_ps(v, w1, c31);
+    v = _mm512_set1_ps(x[4]);
+    c40 = _mm512_fmadd_ps(v, w0, c40);
+    c41 = _mm512_fmadd_ps(v, w1, c41);
+    v = _mm512_set1_ps(x[5]);
+    c50 = _mm512_fmadd_ps(v, w0, c50);
+    c51 = _mm512_fmadd_ps(v, w1, c51);
+  }
+  const __m512 sums[kChunk][2] = {{c00, c01}, {c10, c11}, {c20, c21},
+                                  {c30, c31}, {c40, c41}, {c50, c51}};
+  const PanelBias first = panel_bias(bias, kPanel);
+  const PanelBias second = panel_bias(bias == nullptr ? nullptr : bias + kPanel, valid);
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512 s0 = sums[r][0], s1 = sums[r][1];
+    store_outputs(_mm512_castps512_ps256(s0), _mm512_extractf32x8_ps(s0, 1), first,
+                  y + r * ldy, kPanel);
+    store_outputs(_mm512_castps512_ps256(s1), _mm512_extractf32x8_ps(s1, 1), second,
+                  y + r * ldy + kPanel, valid);
+  }
+}
+
+// Panels per step of the wide path: two where tile_pair can run.
+const int64_t kTilePanels =
+    __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") ? 2 : 1;
 
 // `Rows` (1 to 3) rows of x against Panels adjacent panels, for products too narrow to fill the
 // tile, which would spend most of its FMAs on padding and read one weight stream at a time.
@@ -220,14 +273,26 @@ void packed_linear_team(const at::Tensor& x, const at::Tensor& packed, const flo
 #pragma omp for schedule(static)
   for (int64_t c = 0; c < chunks; ++c)
     pack_rows(xs + c * kChunk * k, std::min(kChunk, m - c * kChunk), k, xp + c * k * kChunk);
+  const int64_t steps = (panels + kTilePanels - 1) / kTilePanels;
   for (int64_t first = 0; first < chunks; first += kChunksPerPass) {
     const int64_t last = std::min(chunks, first + kChunksPerPass);
 #pragma omp for schedule(static)
-    for (int64_t p = 0; p < panels; ++p) {
-      const int64_t valid = std::min(kPanel, n - p * kPanel);
-      for (int64_t c = first; c < last; ++c)
-        tile(xp + c * k * kChunk, w + p * k * kPanel, k, bias ? bias + p * kPanel : nullptr,
-             out + c * kChunk * n + p * kPanel, n, std::min(kChunk, m - c * kChunk), valid);
+    for (int64_t step = 0; step < steps; ++step) {
+      const int64_t p = step * kTilePanels;
+      const bool pair = kTilePanels == 2 && p + 1 < panels;
+      const int64_t last_panel = pair ? p + 1 : p;
+      const int64_t valid = std::min(kPanel, n - last_panel * kPanel);
+      const float* panel = w + p * k * kPanel;
+      const float* biases = bias ? bias + p * kPanel : nullptr;
+      for (int64_t c = first; c < last; ++c) {
+        const float* xc = xp + c * k * kChunk;
+        float* yc = out + c * kChunk * n + p * kPanel;
+        const int64_t rows = std::min(kChunk, m - c * kChunk);
+        if (pair)
+          tile_pair(xc, panel, panel + k * kPanel, k, biases, yc, n, rows, valid);
+        else
+          tile(xc, panel, k, biases, yc, n, rows, valid);
+      }
     }
   }
 }
