@@ -25,7 +25,11 @@ LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 BUILD_TOOLS = VenvSpec("llama.cpp", ("cmake==4.4.4",))
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
-    "-DGGML_NATIVE=ON",  # AVX2/FMA on the machine that runs it
+    "-DGGML_NATIVE=ON",  # the vector extensions of the machine that runs it, but not AMX:
+    # a VM can list AMX among the CPU's features without enabling its tile registers, and
+    # llama.cpp's AMX kernels then die on SIGILL (seen on the project's AVX-512 machine)
+    "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+    "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
     "-DLLAMA_BUILD_TOOLS=ON",
     "-DLLAMA_BUILD_SERVER=ON",
     "-DLLAMA_BUILD_TESTS=OFF",
@@ -36,6 +40,9 @@ CMAKE_OPTIONS = (
     "-DLLAMA_BUILD_UI=OFF",  # no npm; an empty web UI
     "-DLLAMA_USE_PREBUILT_UI=OFF",  # and no download of a prebuilt one
 )
+# What the stamp of a finished build records: a build made from another source or with other
+# options is made again.
+BUILD_ID = " ".join((LLAMA_CPP_PYTHON, *CMAKE_OPTIONS))
 
 
 def ensure_llama_server(cache_dir: Path, install: bool, jobs: int) -> Path:
@@ -44,7 +51,7 @@ def ensure_llama_server(cache_dir: Path, install: bool, jobs: int) -> Path:
     home = cache_dir / BUILD_TOOLS.name
     binary = home / "build" / "bin" / "llama-server"
     stamp = home / "build" / ".tokenmill-built"
-    if binary.is_file() and stamp.is_file() and stamp.read_text() == LLAMA_CPP_PYTHON:
+    if binary.is_file() and stamp.is_file() and stamp.read_text() == BUILD_ID:
         return binary
     if not install:
         raise ValueError(
@@ -57,7 +64,7 @@ def ensure_llama_server(cache_dir: Path, install: bool, jobs: int) -> Path:
     print(f"anchors: building llama-server from {source} (minutes)", file=sys.stderr)
     run_checked([cmake, "-S", str(source), "-B", str(build), *CMAKE_OPTIONS])
     run_checked([cmake, "--build", str(build), "--target", "llama-server", "-j", str(jobs)])
-    stamp.write_text(LLAMA_CPP_PYTHON)
+    stamp.write_text(BUILD_ID)
     return binary
 
 
