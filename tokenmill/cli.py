@@ -102,6 +102,12 @@ def _add_speculative_args(parser: argparse.ArgumentParser, defaults: dict) -> No
         help="for --speculative-method draft: 'self:layers=N' or a model sharing the vocabulary",
     )
     group.add_argument(
+        "--draft-quantization",
+        default=defaults["draft_quantization"].default,
+        choices=quantization_choices(),
+        help="weight format of a --draft-model file, e.g. int4: the target quantized as its draft",
+    )
+    group.add_argument(
         "--speculative-disable-batch-size",
         type=int,
         default=defaults["speculative_disable_batch_size"].default,

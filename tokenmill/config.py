@@ -126,8 +126,17 @@ class EngineArgs:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     draft_model: str | None = None  # "draft": "self:layers=N" or a model; "eagle": a head file
+    # Weight quantization of a `draft_model` loaded from a file, as `quantization` for the target:
+    # a 4-bit copy of the target drafts at nearly the 4-bit model's speed, and verification keeps
+    # the target's own output.
+    draft_quantization: str = "none"
     speculative_disable_batch_size: int | None = 4
     speculative_adaptive_k: bool = True
+
+    @property
+    def prepack_batch_hint(self) -> int | None:
+        """The rows float weights are laid out for (`Linear.prepack`); None keeps them plain."""
+        return self.max_num_seqs if self.prepack_weights else None
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)
@@ -143,12 +152,15 @@ class EngineArgs:
         from tokenmill.quant.registry import check_quantization  # imports the model code
 
         check_quantization(self.quantization)
+        check_quantization(self.draft_quantization, "draft_quantization")
         _check_speculation(self)
 
 
 def _check_speculation(args: EngineArgs) -> None:
     if args.speculative_method not in ("draft", "eagle") and args.draft_model is not None:
         raise ValueError("draft_model needs speculative_method='draft' (or 'eagle', for a head)")
+    if args.speculative_method != "draft" and args.draft_quantization != "none":
+        raise ValueError("draft_quantization needs speculative_method='draft' and a draft_model")
     if args.speculative_method is None:
         return
     _one_of("speculative_method", args.speculative_method, SPECULATIVE_METHODS)

@@ -26,6 +26,7 @@ def test_quick_run_writes_table_json_and_one_png_per_experiment(tokenmill_cli, t
         "KV memory",
         "speculative decoding (ngram)",
         "speculative decoding (eagle)",
+        "speculative decoding (draft)",
         "speculative decoding (ngram, batch)",
         "native decode loop",
         "prepacked weights",
@@ -76,6 +77,7 @@ def test_speculative_rows_compare_off_and_on_with_identical_greedy_outputs(token
     assert [row["candidate"] for row in rows] == [
         *["ngram"] * 4,
         *["eagle"] * 4,
+        *["draft"] * 4,
         "forced on",
         "default policy",
     ]
@@ -85,7 +87,7 @@ def test_speculative_rows_compare_off_and_on_with_identical_greedy_outputs(token
     )
 
     single = payload["experiments"]["speculative"]["data"]
-    for method, workload in (("ngram", "rewrite"), ("eagle", "chat")):
+    for method, workload in (("ngram", "rewrite"), ("eagle", "chat"), ("draft", "chat")):
         runs = single[method]
         assert runs["workload"] == workload and runs["outputs_match"] is True
         assert runs["off"]["spec_mean_accepted_length"] == 0.0  # nothing was verified

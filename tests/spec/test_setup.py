@@ -48,6 +48,36 @@ def test_target_as_its_own_draft_model_accepts_nearly_everything(runner, prompts
     assert stats.num_accepted_tokens >= 0.95 * stats.num_draft_tokens > 0
 
 
+def test_an_int4_copy_of_the_target_drafts_without_changing_greedy_output(
+    runner, prompts, expected
+):
+    """The target's own checkpoint quantized at load time: a cheaper model that disagrees with
+    the target now and then, whose drafts must leave the output the target's."""
+    engine = runner.engine(
+        speculative_method="draft", draft_model=str(runner.loaded.path), draft_quantization="int4"
+    )
+    assert engine.runner.proposer.decode_loop is not None
+    outputs = runner.run(engine, prompts, GREEDY)
+    assert [out.outputs[0].token_ids for out in outputs] == expected
+    stats = engine.scheduler.stats
+    assert stats.num_accepted_tokens >= 0.5 * stats.num_draft_tokens > 0
+
+
+def test_a_draft_model_drafts_the_same_tokens_through_the_native_loop_as_in_python(runner, prompts):
+    stats = []
+    for loop in ("native", "python"):
+        engine = runner.engine(
+            speculative_method="draft", draft_model="self:layers=24", decode_loop=loop
+        )
+        assert (engine.runner.proposer.decode_loop is None) == (loop == "python")
+        runner.run(engine, prompts, GREEDY)
+        stats.append(
+            (engine.scheduler.stats.num_draft_tokens, engine.scheduler.stats.num_accepted_tokens)
+        )
+    assert stats[0] == stats[1]
+    assert stats[0][1] > 0
+
+
 def test_kv_pool_also_holds_the_draft_models_kv(runner):
     plain = runner.engine()
     own_kv = runner.engine(speculative_method="draft", draft_model=str(runner.loaded.path))
@@ -140,6 +170,11 @@ def test_speculation_switches_off_above_the_batch_size(runner, prompts):
         ({"speculative_method": "ngram", "draft_model": "x"}, "needs speculative_method"),
         ({"speculative_method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
         ({"speculative_method": "ngram", "kv_cache": "none"}, "needs a KV cache"),
+        ({"speculative_method": "ngram", "draft_quantization": "int4"}, "draft_quantization"),
+        (
+            {"speculative_method": "draft", "draft_model": "x", "draft_quantization": "int3"},
+            "draft_quantization must be one of",
+        ),
         (
             {"speculative_method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2},
             "prompt_lookup_min",
@@ -154,3 +189,7 @@ def test_bad_speculation_settings_name_the_field(kwargs, message):
 def test_bad_draft_models_are_refused_at_construction(runner):
     with pytest.raises(ValueError, match="1 <= N < 30"):
         runner.engine(speculative_method="draft", draft_model="self:layers=30")
+    with pytest.raises(ValueError, match="draft_quantization applies to a draft_model file"):
+        runner.engine(
+            speculative_method="draft", draft_model="self:layers=8", draft_quantization="int4"
+        )

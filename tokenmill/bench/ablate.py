@@ -572,19 +572,33 @@ def kv_memory(ctx: AblateContext) -> Experiment:
 def speculative(ctx: AblateContext) -> Experiment:
     """One stream is bound by reading the weights, so verifying K drafts in one pass costs about
     one token's step and every accepted draft saves a step. Prompt lookup (`ngram`) where the
-    output repeats the input; the shipped EAGLE head on an open question."""
+    output repeats the input; on an open question, the shipped EAGLE head and the target's own
+    checkpoint quantized to int4 as a draft model."""
     sizes = ctx.sizes
+    int4_copy = {"draft_model": ctx.base.model, "draft_quantization": "int4"}
     cases = (
-        ("ngram", "rewrite", "copy a passage", sizes.spec_rewrite_tokens),
-        ("eagle", "chat", "an open question", sizes.spec_chat_tokens),
+        ("ngram", "rewrite", "copy a passage", sizes.spec_rewrite_tokens, {}),
+        ("eagle", "chat", "an open question", sizes.spec_chat_tokens, {}),
+        (
+            "draft",
+            "chat",
+            "an open question, an int4 copy drafting",
+            sizes.spec_chat_tokens,
+            int4_copy,
+        ),
     )
     rows: list[Comparison] = []
     bars: dict[str, dict[str, float]] = {}
     data: dict[str, Any] = {}
-    for method, workload, task, max_tokens in cases:
+    baselines: dict[str, tuple[ThroughputResult, dict[tuple[int, ...], list[int]]]] = {}
+    for method, workload, task, max_tokens, draft in cases:
         requests = [replace(r, max_tokens=max_tokens) for r in load_workload(workload)]
-        off, off_tokens = _speculation_run(ctx, requests, workload, speculative_method=None)
-        on, on_tokens = _speculation_run(ctx, requests, workload, speculative_method=method)
+        if workload not in baselines:
+            baselines[workload] = _speculation_run(ctx, requests, workload, speculative_method=None)
+        off, off_tokens = baselines[workload]
+        on, on_tokens = _speculation_run(
+            ctx, requests, workload, speculative_method=method, **draft
+        )
         match = off_tokens == on_tokens
         bars[f"{method} on {workload}"] = {
             "off": off.output_tokens_per_s,
@@ -824,9 +838,11 @@ def prepacked_weights(ctx: AblateContext) -> Experiment:
 def _speculation_run(
     ctx: AblateContext, requests: list[BenchRequest], workload: str, **switches: Any
 ) -> tuple[ThroughputResult, dict[tuple[int, ...], list[int]]]:
-    """`_greedy_run` with the shipped EAGLE head, labelled by the speculative method."""
+    """`_greedy_run` labelled by the speculative method; the shipped EAGLE head unless the
+    switches name a draft model."""
     method = switches["speculative_method"] or "no speculation"
-    return _greedy_run(ctx, requests, f"{workload} ({method})", draft_model=None, **switches)
+    switches = {"draft_model": None, **switches}
+    return _greedy_run(ctx, requests, f"{workload} ({method})", **switches)
 
 
 def _greedy_run(

@@ -89,7 +89,7 @@ class LLMEngine:
             proposer=proposer,
             drafter_kv_caches=_drafter_kv_caches(proposer),
             native_decode_loop=args.decode_loop == "native",
-            prepack_batch_hint=args.max_num_seqs if args.prepack_weights else None,
+            prepack_batch_hint=args.prepack_batch_hint,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
 

@@ -76,6 +76,13 @@ def kv_bytes_per_token(
     return 2 * config.num_hidden_layers * config.num_key_value_heads * per_head
 
 
+def prepare_weights(model: nn.Module, batch_hint: int | None) -> None:
+    """The copies of the weights the kernels read, made at engine start so that no request
+    pays for them: float weights laid out for about `batch_hint` rows, quantized panels."""
+    prepack_linears(model, batch_hint)
+    prepare_quant_linears(model)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -93,8 +100,7 @@ class ModelRunner:
         its weights allow (tokenmill/model/decode_loop.py).
         `prepack_batch_hint`: lay the float weights out for batched products of about that many
         rows (`Linear.prepack`); None keeps only the plain weights."""
-        prepack_linears(model, prepack_batch_hint)
-        prepare_quant_linears(model)
+        prepare_weights(model, prepack_batch_hint)
         self.model = model
         self.kv_caches = kv_caches
         self.decode_loop = NativeDecodeLoop.build(model, kv_caches) if native_decode_loop else None

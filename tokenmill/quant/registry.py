@@ -36,10 +36,10 @@ def quantization_choices() -> tuple[str, ...]:
     return (NO_QUANTIZATION, *QUANT_METHODS)
 
 
-def check_quantization(name: object) -> None:
+def check_quantization(name: object, field: str = "quantization") -> None:
     if name not in quantization_choices():
         raise ValueError(
-            f"quantization must be one of {', '.join(quantization_choices())}, got {name!r}"
+            f"{field} must be one of {', '.join(quantization_choices())}, got {name!r}"
         )
 
 

@@ -10,7 +10,12 @@ Two kinds of draft model:
 - another model with the same vocabulary (`--draft-model PATH`), with KV caches of its own laid
   out like the target's and addressed through the same block tables, so prefix caching,
   preemption and rollback cover it for free. Every step it computes the same real tokens as the
-  target, so a block published to the prefix cache holds valid draft KV too.
+  target, so a block published to the prefix cache holds valid draft KV too. It may be
+  quantized at load time (`--draft-quantization`): the target's own checkpoint as int4 agrees
+  with the target on most tokens and reads a seventh of its bytes a step.
+
+Both run their decode steps through the native decode loop, as the target does: a draft step is
+one token, where calling 30 layers from Python would cost more than their kernels.
 
 Drafts are the draft model's argmax (a deterministic proposal: the rejection sampler treats q
 as one-hot, which keeps sampled requests exact).
@@ -32,6 +37,7 @@ from tokenmill.engine.scheduler import ScheduledRequest
 from tokenmill.kv.quantized import KVCache
 from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.model.attention import AttentionMetadata
+from tokenmill.model.decode_loop import NativeDecodeLoop
 from tokenmill.model.registry import build_model
 from tokenmill.spec.proposer import num_computed_after, token_ids_between
 
@@ -59,12 +65,20 @@ class DraftModel:
         return allocate_kv_caches(self.config, num_blocks, block_size, dtype)
 
 
-def load_draft_model(spec: str, target: LoadedModel, dtype: torch.dtype) -> DraftModel:
-    """`spec` is "self:layers=N" or anything `--model` accepts, sharing the target's vocabulary."""
+def load_draft_model(
+    spec: str, target: LoadedModel, dtype: torch.dtype, quantization: str = "none"
+) -> DraftModel:
+    """`spec` is "self:layers=N" or anything `--model` accepts, sharing the target's vocabulary,
+    loaded with `quantization`."""
     match = SELF_DRAFT.fullmatch(spec)
     if match:
+        if quantization != "none":
+            raise ValueError(
+                "draft_quantization applies to a draft_model file; 'self:layers=N' runs the "
+                "target's own weights"
+            )
         return early_exit_draft(target, int(match.group(1)))
-    draft = load_model(spec, dtype)
+    draft = load_model(spec, dtype, quantization)
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(
             f"draft_model {spec!r} has a vocabulary of {draft.config.vocab_size} tokens; the "
@@ -104,10 +118,19 @@ def _with_layers(config: ModelConfig, num_layers: int) -> ModelConfig:
 
 
 class DraftModelProposer:
-    def __init__(self, draft: DraftModel, kv_caches: list[torch.Tensor], block_size: int) -> None:
+    def __init__(
+        self,
+        draft: DraftModel,
+        kv_caches: list[KVCache],
+        block_size: int,
+        native_decode_loop: bool = True,
+    ) -> None:
         self.draft = draft
         self.kv_caches = kv_caches
         self.block_size = block_size
+        self.decode_loop = (
+            NativeDecodeLoop.build(draft.model, kv_caches) if native_decode_loop else None
+        )
 
     def propose(
         self,
@@ -152,7 +175,10 @@ class DraftModelProposer:
         ids, positions, meta, rows = paged_chunk_batch(
             chunks, [c.token_ids for c in chunks], self.block_size
         )
-        hidden = self.draft.model(ids, positions, self.kv_caches, meta)
+        if self.decode_loop is not None and self.decode_loop.applies(meta):
+            hidden = self.decode_loop(ids, positions, meta)
+        else:
+            hidden = self.draft.model(ids, positions, self.kv_caches, meta)
         return self.draft.model.compute_logits(hidden[rows])
 
 

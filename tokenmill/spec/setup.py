@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from tokenmill.config import EngineArgs
+from tokenmill.engine.runner import prepare_weights
 from tokenmill.loader.model_loader import LoadedModel
 from tokenmill.loader.resolve import DEFAULT_MODEL, resolve_model
 from tokenmill.spec.draft_model import DraftModel, DraftModelProposer, load_draft_model
@@ -37,7 +38,7 @@ def load_draft(
     if args.speculative_method != "draft":
         return None
     assert args.draft_model is not None
-    draft = load_draft_model(args.draft_model, target, dtype)
+    draft = load_draft_model(args.draft_model, target, dtype, args.draft_quantization)
     if draft.config.max_position_embeddings < max_model_len:
         raise ValueError(
             f"draft_model {args.draft_model!r} handles {draft.config.max_position_embeddings} "
@@ -72,5 +73,9 @@ def build_proposer(
     if draft is not None:
         assert kv_caches is not None
         caches = draft.kv_caches(kv_caches, num_blocks, args.block_size)
-        return DraftModelProposer(draft, caches, args.block_size)
+        # Before the runner prepares the target: an early exit's layers are the target's.
+        prepare_weights(draft.model, args.prepack_batch_hint)
+        return DraftModelProposer(
+            draft, caches, args.block_size, native_decode_loop=args.decode_loop == "native"
+        )
     return None
