@@ -5,16 +5,20 @@ preemption, stop conditions and logprobs behave as in plain decoding."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tokenmill.config import EngineArgs
-from tokenmill.engine.runner import kv_bytes_per_token
+from tokenmill.loader.resolve import DEFAULT_MODEL
 from tokenmill.sampling.params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
 METHODS = {
     "ngram": {"speculative_method": "ngram"},
     "early-exit": {"speculative_method": "draft", "draft_model": "self:layers=24"},
+    "int4-copy": {
+        "speculative_method": "draft",
+        "draft_model": DEFAULT_MODEL,
+        "draft_quantization": "int4",
+    },
 }
 
 
@@ -63,6 +67,29 @@ def test_an_int4_copy_of_the_target_drafts_without_changing_greedy_output(
     assert stats.num_accepted_tokens >= 0.5 * stats.num_draft_tokens > 0
 
 
+def test_a_draft_model_recomputes_only_the_tokens_its_fed_drafts_did_not_cover(
+    runner, rewrite_prompt
+):
+    """Feeding drafts back wrote their KV, right for every draft the target accepted: after
+    the prompt, a catch-up runs the last draft (never fed) and the target's own next token, not
+    every token the target verified."""
+    engine = runner.engine(speculative_method="draft", draft_model=str(runner.loaded.path))
+    proposer = engine.runner.proposer
+    chunk_sizes: list[int] = []
+    forward = proposer._forward
+
+    def recording_forward(chunks):
+        chunk_sizes.extend(chunk.end - chunk.start for chunk in chunks)
+        return forward(chunks)
+
+    proposer._forward = recording_forward
+    runner.run(engine, [rewrite_prompt], GREEDY)
+    stats = engine.scheduler.stats
+    assert stats.num_accepted_tokens > 2 * stats.num_verify_steps  # runs of accepted drafts
+    assert chunk_sizes[0] == len(rewrite_prompt) + 1  # the prompt and the first token
+    assert max(chunk_sizes[1:]) <= 2
+
+
 def test_a_draft_model_drafts_the_same_tokens_through_the_native_loop_as_in_python(runner, prompts):
     stats = []
     for loop in ("native", "python"):
@@ -103,9 +130,10 @@ def test_after_rejections_the_cached_kv_continues_like_a_fresh_run(runner, promp
 
 @pytest.mark.parametrize("method", METHODS)
 def test_preempted_requests_resume_with_identical_tokens(runner, prompts, expected, method):
-    # Ten blocks: too few for every request at once, enough for the longest alone.
-    memory = 10 * 16 * kv_bytes_per_token(runner.loaded.config, torch.float32)
-    engine = runner.engine(kv_cache_memory=memory, **METHODS[method])
+    # Ten blocks: too few for every request at once, enough for the longest alone. A draft
+    # model with KV of its own needs its share of every block too.
+    per_token = runner.engine(**METHODS[method]).kv_bytes_per_token
+    engine = runner.engine(kv_cache_memory=10 * 16 * per_token, **METHODS[method])
     outputs = runner.run(engine, prompts, GREEDY)
     assert [out.outputs[0].token_ids for out in outputs] == expected
     assert engine.scheduler.stats.num_preemptions > 0

@@ -131,6 +131,7 @@ class DraftModelProposer:
         self.decode_loop = (
             NativeDecodeLoop.build(draft.model, kv_caches) if native_decode_loop else None
         )
+        self._fed: dict[str, _FedDrafts] = {}  # last step's, by request
 
     def propose(
         self,
@@ -140,6 +141,7 @@ class DraftModelProposer:
     ) -> dict[str, list[int]]:
         chunks = [chunk for item in scheduled if (chunk := self._catch_up(item, emitted))]
         drafting = [chunk for chunk in chunks if chunk.num_to_draft]
+        self._fed = {}
         if not chunks or (self.draft.shares_target_kv and not drafting):
             return {}
         proposals: dict[str, list[int]] = {chunk.request_id: [] for chunk in drafting}
@@ -155,20 +157,47 @@ class DraftModelProposer:
                     for chunk, token in zip(chunks, tokens, strict=True)
                     if len(proposals[chunk.request_id]) < chunk.num_to_draft
                 ]
+        if not self.draft.shares_target_kv:
+            for chunk in drafting:
+                fed = proposals[chunk.request_id][:-1]  # the last draft is never fed back
+                self._fed[chunk.request_id] = _FedDrafts(chunk.end, fed, chunk.block_ids)
         return proposals
 
     def _catch_up(self, item: ScheduledRequest, emitted: Mapping[str, list[int]]) -> _Chunk | None:
-        """The real tokens the draft must compute this step: those the target computed (none
-        when their KV is the target's), plus the newest token when the request drafts."""
+        """The real tokens the draft must compute this step: those the target computed whose
+        draft KV is not already right (none when their KV is the target's), plus the newest
+        token when the request drafts."""
         gained = emitted.get(item.request.request_id, [])
         computed = num_computed_after(item, gained)
         num_to_draft = item.num_tokens_to_draft if gained else 0
-        start = computed if self.draft.shares_target_kv else item.num_computed_tokens
+        if self.draft.shares_target_kv:
+            start = computed
+        else:
+            start = self._first_stale_position(item, gained)
         end = computed + (1 if num_to_draft else 0)
         if end <= start:
             return None
         tokens = token_ids_between(item, gained, start, end)
         return _Chunk(item.request.request_id, item.block_ids, start, end, tokens, num_to_draft)
+
+    def _first_stale_position(self, item: ScheduledRequest, gained: Sequence[int]) -> int:
+        """Where the draft's own KV stops being right. Feeding its drafts back last step wrote
+        their KV; each is right if it and every draft before it equal the tokens the target
+        accepted. Otherwise (or without last step's record: preempted, just admitted) from the
+        first token the target computed this step."""
+        fed = self._fed.get(item.request.request_id)
+        if fed is None or item.num_computed_tokens != fed.first_position - 1:
+            return item.num_computed_tokens
+        num_right = 0
+        for draft, token in zip(fed.token_ids, gained, strict=False):
+            if draft != token:
+                break
+            num_right += 1
+        stale = fed.first_position + num_right
+        num_blocks = -(-stale // self.block_size)
+        if item.block_ids[:num_blocks] != fed.block_ids[:num_blocks]:
+            return item.num_computed_tokens
+        return stale
 
     def _forward(self, chunks: Sequence[_Chunk]) -> torch.Tensor:
         """Run the draft over the chunks; logits at the last token of each chunk that drafts."""
@@ -217,6 +246,15 @@ def paged_chunk_batch(
     as_long = (torch.tensor(x, dtype=torch.long) for x in (ids, positions, rows))
     input_ids, input_positions, drafting_rows = as_long
     return input_ids, input_positions, meta, drafting_rows
+
+
+@dataclass
+class _FedDrafts:
+    """Drafts a request fed back through the draft model, at positions first_position on."""
+
+    first_position: int
+    token_ids: list[int]
+    block_ids: list[int]
 
 
 @dataclass
