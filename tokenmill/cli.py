@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tokenmill.config import (
     DECODE_LOOPS,
+    DRAFT_SAMPLING,
     DTYPES,
     KV_CACHE_DTYPES,
     KV_CACHE_MODES,
@@ -106,6 +107,12 @@ def _add_speculative_args(parser: argparse.ArgumentParser, defaults: dict) -> No
         default=defaults["draft_quantization"].default,
         choices=quantization_choices(),
         help="weight format of a --draft-model file, e.g. int4: the target quantized as its draft",
+    )
+    group.add_argument(
+        "--draft-sampling",
+        default=defaults["draft_sampling"].default,
+        choices=DRAFT_SAMPLING,
+        help="sampled requests: argmax drafts (seeded output = plain decoding's) or drawn ones",
     )
     group.add_argument(
         "--speculative-disable-batch-size",
@@ -249,7 +256,7 @@ def cmd_bench_throughput(ns: argparse.Namespace) -> int:
     requests = load_workload(ns.workload)
     args = engine_args_from(ns)
     engine = LLMEngine(args)
-    result = run_throughput(engine, requests, ns.workload)
+    result = run_throughput(engine, requests, ns.workload, temperature=ns.temperature, seed=ns.seed)
     print(result.table())
     if ns.json:
         payload = {"benchmark": "throughput", "engine_args": dataclasses.asdict(args)}
@@ -441,6 +448,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--workload", default="batch64", help="batch64, single, or a JSONL file of requests"
     )
     throughput.add_argument("--json", default=None, help="also write the result as JSON here")
+    throughput.add_argument(
+        "--temperature", type=float, default=0.0, help="0 (the default): greedy; above: sampled"
+    )
+    throughput.add_argument(
+        "--seed", type=int, default=None, help="with --temperature: request i uses seed + i"
+    )
     add_engine_args(throughput)
     throughput.set_defaults(func=cmd_bench_throughput)
 

@@ -60,6 +60,10 @@ KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 SCHEDULERS = ("continuous", "static")
 DECODE_LOOPS = ("native", "python")
 SPECULATIVE_METHODS = ("ngram", "draft", "eagle")
+# How a draft model picks a sampled request's drafts: "argmax" (the baseline) keeps a seeded
+# request's tokens those of plain decoding; "sample" draws from the draft's own distribution,
+# which the target accepts far more often at a temperature.
+DRAFT_SAMPLING = ("argmax", "sample")
 _MEMORY_UNITS = {
     "": 1,
     "B": 1,
@@ -130,6 +134,7 @@ class EngineArgs:
     # a 4-bit copy of the target drafts at nearly the 4-bit model's speed, and verification keeps
     # the target's own output.
     draft_quantization: str = "none"
+    draft_sampling: str = "argmax"
     speculative_disable_batch_size: int | None = 4
     speculative_adaptive_k: bool = True
 
@@ -161,6 +166,9 @@ def _check_speculation(args: EngineArgs) -> None:
         raise ValueError("draft_model needs speculative_method='draft' (or 'eagle', for a head)")
     if args.speculative_method != "draft" and args.draft_quantization != "none":
         raise ValueError("draft_quantization needs speculative_method='draft' and a draft_model")
+    _one_of("draft_sampling", args.draft_sampling, DRAFT_SAMPLING)
+    if args.speculative_method != "draft" and args.draft_sampling != "argmax":
+        raise ValueError("draft_sampling='sample' needs speculative_method='draft'")
     if args.speculative_method is None:
         return
     _one_of("speculative_method", args.speculative_method, SPECULATIVE_METHODS)

@@ -50,3 +50,20 @@ def test_step_observer_sees_every_step_and_the_finished_outputs(smollm):
     run_throughput(engine, [BenchRequest([500, 600, 700], None, 4)], "x", False, observe)
     assert seen_steps == [True] * 4  # one prefill step, then three decode steps
     assert len(finished) == 1
+
+
+def test_sampled_runs_repeat_with_a_seed_and_differ_from_greedy(smollm):
+    """`--temperature` and `--seed`: request i draws with seed + i, so a seeded sampled run is
+    reproducible; the default stays greedy."""
+    engine = LLMEngine(EngineArgs(kv_cache_memory="32MiB"), smollm)
+    requests = [BenchRequest([500, 600, 700], None, 12), BenchRequest([800, 900], None, 12)]
+    runs = {}
+    for name, temperature, seed in (("greedy", 0.0, None), ("a", 1.0, 5), ("b", 1.0, 5)):
+        tokens = []
+
+        def keep(_: LLMEngine, outputs, tokens=tokens) -> None:
+            tokens.extend(out.outputs[0].token_ids for out in outputs if out.finished)
+
+        run_throughput(engine, requests, name, False, keep, temperature=temperature, seed=seed)
+        runs[name] = sorted(tokens)
+    assert runs["a"] == runs["b"] != runs["greedy"]

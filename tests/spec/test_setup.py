@@ -67,6 +67,26 @@ def test_an_int4_copy_of_the_target_drafts_without_changing_greedy_output(
     assert stats.num_accepted_tokens >= 0.5 * stats.num_draft_tokens > 0
 
 
+def test_drawn_drafts_are_accepted_far_more_often_than_argmax_ones_when_sampling(
+    runner, prompts, expected
+):
+    """At temperature 1 an argmax draft is accepted with the target's probability of it; a
+    draft drawn from the int4 copy's distribution, verified against that distribution, nearly
+    always. Greedy requests still draft argmaxes and emit plain decoding's tokens, and a
+    seeded request's drawn drafts repeat run to run."""
+    sampled = SamplingParams(temperature=1.0, max_tokens=24, seed=3)
+    acceptance, outputs = {}, {}
+    for mode in ("argmax", "sample", "sample again"):
+        engine = runner.engine(**METHODS["int4-copy"], draft_sampling=mode.split()[0])
+        outputs[mode] = [out.outputs[0].token_ids for out in runner.run(engine, prompts, sampled)]
+        stats = engine.scheduler.stats
+        acceptance[mode] = stats.num_accepted_tokens / stats.num_draft_tokens
+    assert acceptance["sample"] > 0.75 and acceptance["argmax"] < acceptance["sample"] - 0.2
+    assert outputs["sample"] == outputs["sample again"]
+    greedy = runner.tokens(prompts, GREEDY, **METHODS["int4-copy"], draft_sampling="sample")
+    assert greedy == expected
+
+
 def test_a_draft_model_recomputes_only_the_tokens_its_fed_drafts_did_not_cover(
     runner, rewrite_prompt
 ):
@@ -199,6 +219,11 @@ def test_speculation_switches_off_above_the_batch_size(runner, prompts):
         ({"speculative_method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
         ({"speculative_method": "ngram", "kv_cache": "none"}, "needs a KV cache"),
         ({"speculative_method": "ngram", "draft_quantization": "int4"}, "draft_quantization"),
+        ({"speculative_method": "ngram", "draft_sampling": "sample"}, "draft_sampling"),
+        (
+            {"speculative_method": "draft", "draft_model": "x", "draft_sampling": "top1"},
+            "draft_sampling must be one of",
+        ),
         (
             {"speculative_method": "draft", "draft_model": "x", "draft_quantization": "int3"},
             "draft_quantization must be one of",

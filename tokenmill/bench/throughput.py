@@ -85,8 +85,11 @@ def run_throughput(
     workload: str,
     use_tqdm: bool = True,
     on_step: StepObserver | None = None,
+    temperature: float = 0.0,
+    seed: int | None = None,
 ) -> ThroughputResult:
-    """All requests arrive at once (offline); greedy with ignore_eos so lengths are fixed.
+    """All requests arrive at once (offline), with ignore_eos so lengths are fixed; greedy, or
+    sampled at `temperature` (request i seeded with `seed` + i when a seed is given).
 
     `on_step` sees the engine and the step's outputs after every step (the ablation reads KV
     occupancy and finish times there)."""
@@ -94,7 +97,12 @@ def run_throughput(
     run_id = next(_run_ids)
     start = time.monotonic()
     for index, item in enumerate(requests):
-        params = SamplingParams(temperature=0, max_tokens=item.max_tokens, ignore_eos=True)
+        params = SamplingParams(
+            temperature=temperature,
+            max_tokens=item.max_tokens,
+            ignore_eos=True,
+            seed=None if seed is None else seed + index,
+        )
         engine.add_request(f"bench-{run_id}-{index}", item.prompt_input, params)
     finished: list[RequestOutput] = []
     max_running = 0

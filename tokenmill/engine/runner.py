@@ -194,7 +194,10 @@ class ModelRunner:
         self, items: list[ScheduledRequest], logits: torch.Tensor, output: RunnerOutput
     ) -> None:
         """`logits`: k + 1 rows per request, the target's view of its last token and drafts."""
-        batch = [DraftsToVerify(item.spec_token_ids, self._verify_rows(item)) for item in items]
+        batch = [
+            DraftsToVerify(item.spec_token_ids, self._verify_rows(item), self._draft_probs(item))
+            for item in items
+        ]
         row = 0
         for item, tokens in zip(items, self.rejection_sampler(logits, batch), strict=True):
             request = item.request
@@ -277,6 +280,11 @@ class ModelRunner:
             generator=self._generators[request.request_id],
             eos_token_ids=request.eos_token_ids,
         )
+
+    def _draft_probs(self, item: ScheduledRequest) -> torch.Tensor | None:
+        if self.proposer is None:
+            return None
+        return self.proposer.draft_probs(item.request.request_id, item.spec_token_ids)
 
     def _verify_rows(self, item: ScheduledRequest) -> list[SamplingRow]:
         drafts = item.spec_token_ids

@@ -18,7 +18,11 @@ Both run their decode steps through the native decode loop, as the target does: 
 one token, where calling 30 layers from Python would cost more than their kernels.
 
 Drafts are the draft model's argmax (a deterministic proposal: the rejection sampler treats q
-as one-hot, which keeps sampled requests exact).
+as one-hot, which keeps sampled requests exact and a seeded request's tokens those of plain
+decoding), or with `draft_sampling="sample"` a sampled request's draws from the draft's own
+distribution q, which the rejection sampler then uses: with q close to the target's p, most
+draws are accepted even at a high temperature, where an argmax draft is accepted only with
+the target's probability of it.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.model.attention import AttentionMetadata
 from tokenmill.model.decode_loop import NativeDecodeLoop
 from tokenmill.model.registry import build_model
+from tokenmill.sampling.sampler import SamplingRow, adjust_logits, make_generator, sampling_probs
 from tokenmill.spec.proposer import num_computed_after, token_ids_between
 
 SELF_DRAFT = re.compile(r"self:layers=(\d+)")
@@ -124,14 +129,21 @@ class DraftModelProposer:
         kv_caches: list[KVCache],
         block_size: int,
         native_decode_loop: bool = True,
+        sample_drafts: bool = False,
     ) -> None:
+        """`sample_drafts`: draw a sampled request's drafts from the draft model's distribution
+        (adjusted by the request's own sampling settings) instead of taking its argmax."""
         self.draft = draft
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.decode_loop = (
             NativeDecodeLoop.build(draft.model, kv_caches) if native_decode_loop else None
         )
-        self._fed: dict[str, _FedDrafts] = {}  # last step's, by request
+        self.sample_drafts = sample_drafts
+        # Last step's, by request: drafts fed back, drafts proposed, distributions drawn from.
+        self._fed: dict[str, _FedDrafts] = {}
+        self._proposed: dict[str, list[int]] = {}
+        self._drawn_from: dict[str, list[torch.Tensor]] = {}
 
     def propose(
         self,
@@ -141,15 +153,18 @@ class DraftModelProposer:
     ) -> dict[str, list[int]]:
         chunks = [chunk for item in scheduled if (chunk := self._catch_up(item, emitted))]
         drafting = [chunk for chunk in chunks if chunk.num_to_draft]
-        self._fed = {}
+        self._fed, self._drawn_from = {}, {}
         if not chunks or (self.draft.shares_target_kv and not drafting):
+            self._proposed = {}
             return {}
         proposals: dict[str, list[int]] = {chunk.request_id: [] for chunk in drafting}
+        items = {item.request.request_id: item for item in scheduled}
         with torch.inference_mode():
             while chunks:
                 # The first pass catches up on real tokens; later ones feed the drafts back.
-                tokens = self._forward(chunks).argmax(dim=-1).tolist()
+                logits = self._forward(chunks)
                 chunks = [chunk for chunk in chunks if chunk.num_to_draft]
+                tokens = self._choose(chunks, logits, items, emitted, proposals)
                 for chunk, token in zip(chunks, tokens, strict=True):
                     proposals[chunk.request_id].append(token)
                 chunks = [
@@ -161,7 +176,61 @@ class DraftModelProposer:
             for chunk in drafting:
                 fed = proposals[chunk.request_id][:-1]  # the last draft is never fed back
                 self._fed[chunk.request_id] = _FedDrafts(chunk.end, fed, chunk.block_ids)
+        self._proposed = proposals
         return proposals
+
+    def draft_probs(self, request_id: str, draft_token_ids: Sequence[int]) -> torch.Tensor | None:
+        """The distributions of the request's drawn drafts; None for argmax drafts, or when the
+        drafts are not a prefix of what the last step proposed (then the rejection sampler
+        treats them as one-hot, which is exact however a draft was chosen)."""
+        drawn_from = self._drawn_from.get(request_id)
+        proposed = self._proposed.get(request_id, [])
+        num = len(draft_token_ids)
+        if drawn_from is None or num > len(drawn_from) or list(draft_token_ids) != proposed[:num]:
+            return None
+        return torch.stack(drawn_from[:num])
+
+    def _choose(
+        self,
+        chunks: Sequence[_Chunk],
+        logits: torch.Tensor,
+        items: Mapping[str, ScheduledRequest],
+        emitted: Mapping[str, list[int]],
+        proposals: Mapping[str, list[int]],
+    ) -> list[int]:
+        """Each drafting chunk's next draft: the draft model's argmax, or with `sample_drafts` a
+        sampled request's draw from the draft's distribution under that request's sampling
+        settings and history, as the target will score it (the distribution is kept for the
+        rejection sampler)."""
+        tokens = logits.argmax(dim=-1).tolist()
+        if not self.sample_drafts:
+            return tokens
+        drawn = [i for i, c in enumerate(chunks) if not items[c.request_id].request.params.greedy]
+        if not drawn:
+            return tokens
+        rows = []
+        for i in drawn:
+            chunk = chunks[i]
+            request = items[chunk.request_id].request
+            history = [
+                *request.output_token_ids,
+                *emitted.get(chunk.request_id, []),
+                *proposals[chunk.request_id],
+            ]
+            rows.append(
+                SamplingRow(
+                    params=request.params,
+                    prompt_token_ids=request.prompt_token_ids,
+                    output_token_ids=history,
+                    generator=_draft_generator(request.params.seed, chunk.end),
+                    eos_token_ids=request.eos_token_ids,
+                )
+            )
+        probs = sampling_probs(adjust_logits(logits[drawn], rows), rows)
+        for i, row, dist in zip(drawn, rows, probs, strict=True):
+            tokens[i] = int(torch.multinomial(dist, 1, generator=row.generator))
+            self._drawn_from.setdefault(chunks[i].request_id, []).append(dist)
+        return tokens
 
     def _catch_up(self, item: ScheduledRequest, emitted: Mapping[str, list[int]]) -> _Chunk | None:
         """The real tokens the draft must compute this step: those the target computed whose
@@ -209,6 +278,12 @@ class DraftModelProposer:
         else:
             hidden = self.draft.model(ids, positions, self.kv_caches, meta)
         return self.draft.model.compute_logits(hidden[rows])
+
+
+def _draft_generator(seed: int | None, position: int) -> torch.Generator | None:
+    """A seeded request's drafts come from a generator of its own seed and the draft's
+    position, so a rerun drafts, and so emits, the same; None uses the global RNG."""
+    return make_generator(None if seed is None else (seed * 1_000_003 + position) % 2**63)
 
 
 class PagedChunk(Protocol):

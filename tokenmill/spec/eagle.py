@@ -192,6 +192,10 @@ class EagleProposer:
                 predicted = predicted[keep]
         return proposals
 
+    def draft_probs(self, request_id: str, draft_token_ids: Sequence[int]) -> None:
+        """The head's drafts are argmaxes."""
+        return None
+
     def _forward(
         self, chunks: Sequence[_Chunk], features: torch.Tensor
     ) -> tuple[torch.Tensor, list[int]]:

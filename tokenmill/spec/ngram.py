@@ -51,3 +51,7 @@ class NgramProposer:
                 if drafts:
                     proposals[item.request.request_id] = drafts
         return proposals
+
+    def draft_probs(self, request_id: str, draft_token_ids: Sequence[int]) -> None:
+        """Lookup drafts are deterministic."""
+        return None

@@ -23,6 +23,12 @@ class Proposer(Protocol):
         the whole batch, so a drafter with its own KV can follow the target token by token."""
         ...
 
+    def draft_probs(self, request_id: str, draft_token_ids: Sequence[int]) -> torch.Tensor | None:
+        """The distributions the request's drafts `draft_token_ids` (from the last `propose`)
+        were drawn from, `[len(draft_token_ids), vocab]`; None for drafts chosen
+        deterministically, which the rejection sampler treats as one-hot."""
+        ...
+
 
 def num_computed_after(item: ScheduledRequest, gained: Sequence[int]) -> int:
     """The request's positions with valid target KV once the step is done: up to, not

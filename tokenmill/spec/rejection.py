@@ -32,6 +32,7 @@ class DraftsToVerify:
 
     draft_token_ids: Sequence[int]
     rows: Sequence[SamplingRow]
+    draft_probs: torch.Tensor | None = None  # what drawn drafts came from; None: one-hot
 
 
 class RejectionSampler:
@@ -57,7 +58,9 @@ class RejectionSampler:
                 item_probs = probs[random_start : random_start + len(item.rows)]
                 random_start += len(item.rows)
                 emitted.append(
-                    verify_sampled(item_probs, item.draft_token_ids, None, first.generator)
+                    verify_sampled(
+                        item_probs, item.draft_token_ids, item.draft_probs, first.generator
+                    )
                 )
             start = stop
         return emitted

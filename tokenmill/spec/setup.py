@@ -76,6 +76,10 @@ def build_proposer(
         # Before the runner prepares the target: an early exit's layers are the target's.
         prepare_weights(draft.model, args.prepack_batch_hint)
         return DraftModelProposer(
-            draft, caches, args.block_size, native_decode_loop=args.decode_loop == "native"
+            draft,
+            caches,
+            args.block_size,
+            native_decode_loop=args.decode_loop == "native",
+            sample_drafts=args.draft_sampling == "sample",
         )
     return None
