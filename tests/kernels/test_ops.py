@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -286,6 +288,22 @@ def test_loading_again_reuses_the_built_library() -> None:
     built_at = library.stat().st_mtime_ns
     build.load_extension()
     assert library.stat().st_mtime_ns == built_at
+
+
+@needs_native
+def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_load() -> None:
+    """torch waits for its build lock without end; a build killed midway leaves one behind."""
+    stale = build.BUILD_DIR / build.TORCH_LOCK_FILE
+    stale.touch()
+    load = "from tokenmill.kernels.build import load_extension; load_extension()"
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", load], capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 0, result.stderr
+        assert not stale.exists()
+    finally:
+        stale.unlink(missing_ok=True)
 
 
 def test_env_var_torch_selects_the_reference_kernels(

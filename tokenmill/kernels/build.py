@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from pathlib import Path
@@ -16,23 +17,33 @@ from torch.utils import cpp_extension
 CSRC_DIR = Path(__file__).parent / "csrc"
 BUILD_DIR = Path(__file__).parent / "_build"
 EXTENSION_NAME = "tokenmill_kernels"
+TORCH_LOCK_FILE = "lock"  # torch.utils.cpp_extension's FileBaton in the build directory
 # AVX2 + FMA is the widest x86 SIMD every machine we target has (no AVX-512 here); F16C (fp16
 # scales of quantized weights) comes with every AVX2 CPU.
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 
 
 def load_extension(verbose: bool = False) -> ModuleType:
-    """Builds the extension if its sources changed, then imports it. Raises on any failure."""
+    """Builds the extension if its sources changed, then imports it. Raises on any failure.
+
+    torch guards a build with a `lock` file in the build directory and waits, without end or a
+    word, while one exists; a build killed midway (Ctrl-C in the first run) leaves it behind,
+    and every later start would hang. So our processes take turns on an flock first, which the
+    OS releases when its holder dies: whoever holds it is the only one building, and a `lock`
+    file it finds is stale."""
     _put_ninja_on_path()
     BUILD_DIR.mkdir(exist_ok=True)
-    return cpp_extension.load(
-        name=EXTENSION_NAME,
-        sources=[str(path) for path in sorted(CSRC_DIR.glob("*.cpp"))],
-        extra_cflags=CFLAGS,
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(BUILD_DIR),
-        verbose=verbose,
-    )
+    with open(BUILD_DIR / "build.flock", "w") as turn:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        (BUILD_DIR / TORCH_LOCK_FILE).unlink(missing_ok=True)
+        return cpp_extension.load(
+            name=EXTENSION_NAME,
+            sources=[str(path) for path in sorted(CSRC_DIR.glob("*.cpp"))],
+            extra_cflags=CFLAGS,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(BUILD_DIR),
+            verbose=verbose,
+        )
 
 
 def _put_ninja_on_path() -> None:
