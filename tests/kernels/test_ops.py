@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import os
 import random
+import shutil
 import subprocess
 import sys
 
@@ -304,6 +306,14 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_load() -> None:
         assert not stale.exists()
     finally:
         stale.unlink(missing_ok=True)
+
+
+def test_builds_run_the_pinned_ninja_whatever_path_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ninja versions do not share a build log: alternating them rebuilt everything."""
+    ninja = pytest.importorskip("ninja")
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/bin", "/bin"]))
+    build._put_ninja_on_path()
+    assert shutil.which("ninja") == os.path.join(ninja.BIN_DIR, "ninja")
 
 
 def test_env_var_torch_selects_the_reference_kernels(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 from pathlib import Path
 from types import ModuleType
 
@@ -47,10 +46,14 @@ def load_extension(verbose: bool = False) -> ModuleType:
 
 
 def _put_ninja_on_path() -> None:
-    """torch looks for `ninja` on PATH only; the pip-installed one sits in the venv's bin, which
-    is not on PATH when the venv's python is run without activating it."""
-    if shutil.which("ninja") is not None:
+    """torch runs whichever `ninja` comes first on PATH. A machine may have its own besides the
+    pinned pip one, which is first on PATH only in an activated venv; two ninja versions do not
+    share a build log (this machine's 1.11 and the pinned 1.13), so each rebuilt everything the
+    other had built, 30-50 s at every start that switched. The pinned one goes first, always."""
+    try:
+        import ninja  # the pinned pip package; imported late because only a build needs it
+    except ImportError:  # an install without it: whatever ninja PATH has
         return
-    import ninja  # the pinned pip package; imported late because only a build needs it
-
-    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    path = os.environ.get("PATH", "")
+    if path.split(os.pathsep)[0] != ninja.BIN_DIR:
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + path
