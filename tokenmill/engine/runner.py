@@ -20,7 +20,7 @@ from tokenmill.config import ModelConfig
 from tokenmill.engine.scheduler import ScheduledRequest, SchedulerOutput
 from tokenmill.kv.quantized import KVCache, allocate_kv_cache, copy_cache_blocks, kv_head_bytes
 from tokenmill.model.attention import AttentionMetadata
-from tokenmill.model.decode_loop import NativeDecodeLoop
+from tokenmill.model.decode_loop import NativeDecodeLoop, run_step
 from tokenmill.model.layers import prepack_linears
 from tokenmill.quant.linear import prepare_quant_linears
 from tokenmill.sampling.sampler import (
@@ -157,9 +157,7 @@ class ModelRunner:
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        if self.decode_loop is not None and self.decode_loop.applies(meta):
-            return self.decode_loop(input_ids, positions, meta)
-        return self.model(input_ids, positions, self.kv_caches, meta)
+        return run_step(self.model, self.decode_loop, input_ids, positions, self.kv_caches, meta)
 
     def _sample(
         self, sampling: list[ScheduledRequest], logits: torch.Tensor, output: RunnerOutput

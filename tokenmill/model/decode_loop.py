@@ -119,6 +119,21 @@ class NativeDecodeLoop:
         return self.model.norm(hidden, residual)[0]
 
 
+def run_step(
+    model: nn.Module,
+    loop: NativeDecodeLoop | None,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    kv_caches: Sequence[KVCache] | None,
+    meta: AttentionMetadata,
+) -> torch.Tensor:
+    """The model's final hidden states for one step: through `loop` when it covers the step,
+    else layer by layer in Python (always, when there is no loop)."""
+    if loop is not None and loop.applies(meta):
+        return loop(input_ids, positions, meta)
+    return model(input_ids, positions, kv_caches, meta)
+
+
 def _layer_weights(layer: LlamaDecoderLayer | Gemma3DecoderLayer) -> tuple[object, int] | None:
     """A layer's weights for the native loop and the most tokens its kernels take, or None when
     a linear has no native kernel or a norm is not float32."""

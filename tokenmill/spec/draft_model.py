@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -41,7 +41,7 @@ from tokenmill.engine.scheduler import ScheduledRequest
 from tokenmill.kv.quantized import KVCache
 from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.model.attention import AttentionMetadata
-from tokenmill.model.decode_loop import NativeDecodeLoop
+from tokenmill.model.decode_loop import NativeDecodeLoop, run_step
 from tokenmill.model.registry import build_model
 from tokenmill.sampling.sampler import SamplingRow, adjust_logits, make_generator, sampling_probs
 from tokenmill.spec.proposer import num_computed_after, token_ids_between
@@ -140,10 +140,7 @@ class DraftModelProposer:
             NativeDecodeLoop.build(draft.model, kv_caches) if native_decode_loop else None
         )
         self.sample_drafts = sample_drafts
-        # Last step's, by request: drafts fed back, drafts proposed, distributions drawn from.
-        self._fed: dict[str, _FedDrafts] = {}
-        self._proposed: dict[str, list[int]] = {}
-        self._drawn_from: dict[str, list[torch.Tensor]] = {}
+        self._last: dict[str, _Drafted] = {}  # what each request drafted last step
 
     def propose(
         self,
@@ -153,42 +150,38 @@ class DraftModelProposer:
     ) -> dict[str, list[int]]:
         chunks = [chunk for item in scheduled if (chunk := self._catch_up(item, emitted))]
         drafting = [chunk for chunk in chunks if chunk.num_to_draft]
-        self._fed, self._drawn_from = {}, {}
+        self._last = {c.request_id: _Drafted(c.end, c.block_ids) for c in drafting}
         if not chunks or (self.draft.shares_target_kv and not drafting):
-            self._proposed = {}
             return {}
-        proposals: dict[str, list[int]] = {chunk.request_id: [] for chunk in drafting}
         items = {item.request.request_id: item for item in scheduled}
         with torch.inference_mode():
             while chunks:
                 # The first pass catches up on real tokens; later ones feed the drafts back.
                 logits = self._forward(chunks)
                 chunks = [chunk for chunk in chunks if chunk.num_to_draft]
-                tokens = self._choose(chunks, logits, items, emitted, proposals)
+                tokens = self._choose(chunks, logits, items, emitted)
                 for chunk, token in zip(chunks, tokens, strict=True):
-                    proposals[chunk.request_id].append(token)
+                    self._last[chunk.request_id].token_ids.append(token)
                 chunks = [
                     chunk.next_draft(token)
                     for chunk, token in zip(chunks, tokens, strict=True)
-                    if len(proposals[chunk.request_id]) < chunk.num_to_draft
+                    if len(self._last[chunk.request_id].token_ids) < chunk.num_to_draft
                 ]
-        if not self.draft.shares_target_kv:
-            for chunk in drafting:
-                fed = proposals[chunk.request_id][:-1]  # the last draft is never fed back
-                self._fed[chunk.request_id] = _FedDrafts(chunk.end, fed, chunk.block_ids)
-        self._proposed = proposals
-        return proposals
+        return {request_id: last.token_ids for request_id, last in self._last.items()}
 
     def draft_probs(self, request_id: str, draft_token_ids: Sequence[int]) -> torch.Tensor | None:
         """The distributions of the request's drawn drafts; None for argmax drafts, or when the
         drafts are not a prefix of what the last step proposed (then the rejection sampler
         treats them as one-hot, which is exact however a draft was chosen)."""
-        drawn_from = self._drawn_from.get(request_id)
-        proposed = self._proposed.get(request_id, [])
+        last = self._last.get(request_id)
         num = len(draft_token_ids)
-        if drawn_from is None or num > len(drawn_from) or list(draft_token_ids) != proposed[:num]:
+        if (
+            last is None
+            or num > len(last.drawn_from)
+            or list(draft_token_ids) != last.token_ids[:num]
+        ):
             return None
-        return torch.stack(drawn_from[:num])
+        return torch.stack(last.drawn_from[:num])
 
     def _choose(
         self,
@@ -196,7 +189,6 @@ class DraftModelProposer:
         logits: torch.Tensor,
         items: Mapping[str, ScheduledRequest],
         emitted: Mapping[str, list[int]],
-        proposals: Mapping[str, list[int]],
     ) -> list[int]:
         """Each drafting chunk's next draft: the draft model's argmax, or with `sample_drafts` a
         sampled request's draw from the draft's distribution under that request's sampling
@@ -215,7 +207,7 @@ class DraftModelProposer:
             history = [
                 *request.output_token_ids,
                 *emitted.get(chunk.request_id, []),
-                *proposals[chunk.request_id],
+                *self._last[chunk.request_id].token_ids,
             ]
             rows.append(
                 SamplingRow(
@@ -229,7 +221,7 @@ class DraftModelProposer:
         probs = sampling_probs(adjust_logits(logits[drawn], rows), rows)
         for i, row, dist in zip(drawn, rows, probs, strict=True):
             tokens[i] = int(torch.multinomial(dist, 1, generator=row.generator))
-            self._drawn_from.setdefault(chunks[i].request_id, []).append(dist)
+            self._last[chunks[i].request_id].drawn_from.append(dist)
         return tokens
 
     def _catch_up(self, item: ScheduledRequest, emitted: Mapping[str, list[int]]) -> _Chunk | None:
@@ -254,17 +246,18 @@ class DraftModelProposer:
         their KV; each is right if it and every draft before it equal the tokens the target
         accepted. Otherwise (or without last step's record: preempted, just admitted) from the
         first token the target computed this step."""
-        fed = self._fed.get(item.request.request_id)
-        if fed is None or item.num_computed_tokens != fed.first_position - 1:
+        last = self._last.get(item.request.request_id)
+        if last is None or item.num_computed_tokens != last.first_position - 1:
             return item.num_computed_tokens
         num_right = 0
-        for draft, token in zip(fed.token_ids, gained, strict=False):
+        fed = last.token_ids[:-1]  # the last draft is never fed back
+        for draft, token in zip(fed, gained, strict=False):
             if draft != token:
                 break
             num_right += 1
-        stale = fed.first_position + num_right
+        stale = last.first_position + num_right
         num_blocks = -(-stale // self.block_size)
-        if item.block_ids[:num_blocks] != fed.block_ids[:num_blocks]:
+        if item.block_ids[:num_blocks] != last.block_ids[:num_blocks]:
             return item.num_computed_tokens
         return stale
 
@@ -273,10 +266,7 @@ class DraftModelProposer:
         ids, positions, meta, rows = paged_chunk_batch(
             chunks, [c.token_ids for c in chunks], self.block_size
         )
-        if self.decode_loop is not None and self.decode_loop.applies(meta):
-            hidden = self.decode_loop(ids, positions, meta)
-        else:
-            hidden = self.draft.model(ids, positions, self.kv_caches, meta)
+        hidden = run_step(self.draft.model, self.decode_loop, ids, positions, self.kv_caches, meta)
         return self.draft.model.compute_logits(hidden[rows])
 
 
@@ -324,12 +314,15 @@ def paged_chunk_batch(
 
 
 @dataclass
-class _FedDrafts:
-    """Drafts a request fed back through the draft model, at positions first_position on."""
+class _Drafted:
+    """A request's drafts of one step, at positions first_position on (all but the last fed
+    back through the draft model, writing their KV), and for drawn drafts the distributions
+    they came from."""
 
     first_position: int
-    token_ids: list[int]
     block_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    drawn_from: list[torch.Tensor] = field(default_factory=list)
 
 
 @dataclass
