@@ -74,6 +74,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         default=defaults["prepack_weights"].default,
         help="batched products on packed copies of the float weights (more memory)",
     )
+    group.add_argument(
+        "--reuse-host-memory",
+        action=argparse.BooleanOptionalAction,
+        default=defaults["reuse_host_memory"].default,
+        help="malloc keeps freed tensors' pages for the next step (no page faults refilling them)",
+    )
     _add_speculative_args(parser, defaults)
 
 

@@ -124,6 +124,10 @@ class EngineArgs:
     # copy of each float weight laid out for it at engine start (more weight memory); False runs
     # torch's GEMM on the plain weights, the baseline.
     prepack_weights: bool = True
+    # glibc's malloc keeps freed tensors' pages for reuse instead of returning them to the OS,
+    # process-wide from the first engine on (tokenmill/engine/host_memory.py); False leaves
+    # malloc as it was, the baseline (in a fresh process: the setting cannot be undone).
+    reuse_host_memory: bool = True
     # Speculative decoding (docs/speculative.md); None is the baseline: one target step a token.
     speculative_method: str | None = None
     num_speculative_tokens: int = 4

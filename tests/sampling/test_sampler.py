@@ -71,6 +71,14 @@ def test_zero_temperature_takes_the_argmax() -> None:
     assert Sampler()(logits, rows).token_ids == logits.argmax(dim=-1).tolist()
 
 
+def test_greedy_ties_go_to_the_first_maximum() -> None:
+    logits = torch.zeros(3, 50_000)
+    logits[0, [7, 3, 40_000]] = 5.0
+    logits[2, [49_999, 12_345]] = 1.0
+    rows = [make_row(SamplingParams(temperature=0.0)) for _ in range(3)]
+    assert Sampler()(logits, rows).token_ids == [3, 0, 12_345]
+
+
 def test_top_k_one_equals_greedy_on_random_logits() -> None:
     logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(1))
     greedy = [make_row(SamplingParams(temperature=0.0)) for _ in range(64)]

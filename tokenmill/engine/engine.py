@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from tokenmill.config import EngineArgs, parse_dtype
+from tokenmill.engine.host_memory import reuse_freed_memory
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.engine.request import FinishReason, Request
@@ -38,6 +39,8 @@ class LLMEngine:
     def __init__(self, args: EngineArgs, loaded: LoadedModel | None = None) -> None:
         """`loaded` lets several engines (say, one per KV mode) share one loaded model."""
         self.args = args
+        if args.reuse_host_memory:
+            reuse_freed_memory()
         dtype = parse_dtype(args.dtype)
         self.loaded = loaded or load_model(args.model, dtype, args.quantization)
         self.tokenizer = self.loaded.tokenizer
