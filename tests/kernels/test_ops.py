@@ -113,6 +113,29 @@ def test_onednn_prepacked_weight_serves_only_inference_batches_up_to_its_limit(
     assert_prepacked_serves_only_inference_batches_up_to_its_limit(torch_ops, calls)
 
 
+@needs_onednn
+def test_onednn_leaves_the_fewest_rows_to_mkl_where_that_streams_faster(
+    monkeypatch: pytest.MonkeyPatch, reloaded_ops
+) -> None:
+    monkeypatch.setenv(ops.BACKEND_ENV, "torch")
+    torch_ops = reloaded_ops()
+    calls: list[int] = []
+    onednn = torch.ops.mkldnn._linear_pointwise
+
+    def counting(x, *args):
+        calls.append(x.shape[0])
+        return onednn(x, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counting)
+    weight = torch.randn(40, 24)
+    prepacked = torch_ops.prepack_linear_weight(weight, 64)
+    for rows in range(1, 6):
+        x = torch.randn(rows, 24)
+        out = torch_ops.linear(x, weight, None, prepacked)
+        torch.testing.assert_close(out, F.linear(x, weight))
+    assert calls == list(range(torch_ops.TORCH_PLAIN_MAX_ROWS + 1, 6))
+
+
 @needs_native
 def test_native_prepacked_weight_serves_only_inference_batches_up_to_its_limit(
     monkeypatch: pytest.MonkeyPatch,

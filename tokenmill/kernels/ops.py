@@ -31,6 +31,12 @@ SKINNY_MAX_ROWS = 32
 # 512 rows 119 vs 125, 2048 rows 132 vs 147; at 1 row (no native kernels) 16.5 vs 12.0 GB/s. The
 # native kernel measured 1.1-1.5x oneDNN's at 24-256 rows (csrc/packed_linear.cpp).
 PREPACKED_MAX_ROWS = 256
+# Under torch's kernels, up to this many rows MKL's product on the plain weight streams faster
+# than oneDNN's GEMM on the packed copy where the CPU has AVX-512. All 121 of SmolLM2's products,
+# GB/s plain vs packed, on a 2-core AVX-512 Xeon: 1 row 26.3 vs 20.0, 2 rows 24.5 vs 19.0, 3 rows
+# 19.9-22.3 vs 18.8-19.1, 4 rows 14.5 vs 19.1; on the AVX2 machine before it, packed won at one
+# row (16.5 vs 12.0).
+TORCH_PLAIN_MAX_ROWS = 3 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 0
 
 
 def _warn(message: str) -> None:
@@ -77,12 +83,13 @@ def linear(
     """`F.linear` (x: [..., K], weight: [N, K], bias: [N]). With the native kernels: the packed
     kernel on `prepacked` (from `prepack_linear_weight`) up to PREPACKED_MAX_ROWS rows of x,
     else the skinny kernel on the plain weight up to SKINNY_MAX_ROWS. With torch's: oneDNN on
-    `prepacked` up to PREPACKED_MAX_ROWS. Everything else: torch's GEMM on the plain weight."""
+    `prepacked` from past TORCH_PLAIN_MAX_ROWS up to PREPACKED_MAX_ROWS. Everything else: torch's
+    GEMM on the plain weight."""
     rows = x.numel() // max(x.shape[-1], 1) if x.dim() >= 1 else 0
     inference = not (x.requires_grad and torch.is_grad_enabled())
     packed_fits = prepacked is not None and inference and rows <= PREPACKED_MAX_ROWS
     if _NATIVE is None:
-        if packed_fits:
+        if packed_fits and rows > TORCH_PLAIN_MAX_ROWS:
             return torch.ops.mkldnn._linear_pointwise(x, prepacked, bias, "none", [], "")
         return linear_reference(x, weight, bias)
     if packed_fits and rows >= 1 and _native_friendly((x,)):
