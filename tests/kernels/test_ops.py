@@ -96,37 +96,32 @@ def assert_prepacked_serves_only_inference_batches_up_to_its_limit(
     assert linear_ops.prepack_linear_weight(weight.half(), 64) is None
 
 
+@pytest.fixture
+def onednn_rows(monkeypatch: pytest.MonkeyPatch, reloaded_ops):
+    """`ops` under torch's kernels, and the row counts its oneDNN products see."""
+    monkeypatch.setenv(ops.BACKEND_ENV, "torch")
+    torch_ops = reloaded_ops()
+    calls: list[int] = []
+    onednn = torch.ops.mkldnn._linear_pointwise
+
+    def counting(x, *args):
+        calls.append(x.shape[0])
+        return onednn(x, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counting)
+    return torch_ops, calls
+
+
 @needs_onednn
 def test_onednn_prepacked_weight_serves_only_inference_batches_up_to_its_limit(
-    monkeypatch: pytest.MonkeyPatch, reloaded_ops
+    onednn_rows,
 ) -> None:
-    monkeypatch.setenv(ops.BACKEND_ENV, "torch")
-    torch_ops = reloaded_ops()
-    calls: list[int] = []
-    onednn = torch.ops.mkldnn._linear_pointwise
-
-    def counting(x, *args):
-        calls.append(x.shape[0])
-        return onednn(x, *args)
-
-    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counting)
-    assert_prepacked_serves_only_inference_batches_up_to_its_limit(torch_ops, calls)
+    assert_prepacked_serves_only_inference_batches_up_to_its_limit(*onednn_rows)
 
 
 @needs_onednn
-def test_onednn_leaves_the_fewest_rows_to_mkl_where_that_streams_faster(
-    monkeypatch: pytest.MonkeyPatch, reloaded_ops
-) -> None:
-    monkeypatch.setenv(ops.BACKEND_ENV, "torch")
-    torch_ops = reloaded_ops()
-    calls: list[int] = []
-    onednn = torch.ops.mkldnn._linear_pointwise
-
-    def counting(x, *args):
-        calls.append(x.shape[0])
-        return onednn(x, *args)
-
-    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counting)
+def test_onednn_leaves_the_fewest_rows_to_mkl_where_that_streams_faster(onednn_rows) -> None:
+    torch_ops, calls = onednn_rows
     weight = torch.randn(40, 24)
     prepacked = torch_ops.prepack_linear_weight(weight, 64)
     for rows in range(1, 6):
