@@ -17,8 +17,9 @@ CSRC_DIR = Path(__file__).parent / "csrc"
 BUILD_DIR = Path(__file__).parent / "_build"
 EXTENSION_NAME = "tokenmill_kernels"
 TORCH_LOCK_FILE = "lock"  # torch.utils.cpp_extension's FileBaton in the build directory
-# AVX2 + FMA is the widest x86 SIMD every machine we target has (no AVX-512 here); F16C (fp16
-# scales of quantized weights) comes with every AVX2 CPU.
+# AVX2 + FMA is the widest x86 SIMD every machine we target has; F16C (fp16 scales of quantized
+# weights) comes with every AVX2 CPU. The AVX-512 paths are compiled per function (a `target`
+# attribute or pragma) and chosen at run time, so one library serves every CPU.
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 
 

@@ -154,7 +154,10 @@ void tile(const float* x, const float* w, int64_t k, const float* bias, float* y
 // runs while the library loads, possibly before libgcc's own initializer has read the CPU.
 int64_t tile_panels() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") ? 2 : 1;
+  return avx512_allowed() && __builtin_cpu_supports("avx512f") &&
+                 __builtin_cpu_supports("avx512dq")
+             ? 2
+             : 1;
 }
 const int64_t kTilePanels = tile_panels();
 

@@ -14,6 +14,9 @@
 // up exactly in int16 (8 * 2 * 15 * 127 < 2^15), and one _mm256_madd_epi16 widens them; int8
 // codes widen to int16 and _mm256_madd_epi16 multiplies them by pairs of int16 activations. One
 // FMA a block then scales the 8 rows' sums by their weight scales times the block's x scale.
+// Where the CPU has AVX-512 VNNI, _mm256_dpbusd_epi32 and _mm256_dpwssd_epi32 multiply and add
+// into the int32 sums in one instruction each (quant_panels.inc, compiled for both): the same
+// sums, 1.2-1.3x faster int4 products at 4-64 rows of x and 1.6x int8 ones on a 2-core Xeon.
 // The per-row reductions, scale combining and stores of a row-major kernel disappear: at one
 // row of x, large matrices stream at up to 35 GB/s here (2 threads), 1.5-2.3x the row-major
 // kernel. A panel is one contiguous stream, read once per call: every row of x is multiplied
@@ -53,33 +56,13 @@ inline __m256i broadcast_pair32(const T* p) {
   return _mm256_set1_epi32(v);
 }
 
+// The two weight formats' layouts; their block products are in quant_panels.inc.
 template <typename ScaleT>
 struct Int4Panels {
   using Scale = ScaleT;
   using Activation = int8_t;
   static constexpr bool kHasMins = true;
   static constexpr int64_t kBlockBytes = kPanelRows * kQuantBlock / 2;
-
-  // Each row's integer dot product with the block for every row of x, one row of W per lane.
-  template <int XRows>
-  static void block_dots(const uint8_t* w, const int8_t* const (&x)[XRows],
-                         __m256i (&dots)[XRows]) {
-    const __m256i mask = _mm256_set1_epi8(0x0F);
-    __m256i pairs[XRows];
-    for (auto& p : pairs) p = _mm256_setzero_si256();
-    for (int v = 0; v < 4; ++v) {
-      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * v));
-      const __m256i low = _mm256_and_si256(packed, mask);
-      const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask);
-      for (int i = 0; i < XRows; ++i) {
-        pairs[i] = _mm256_add_epi16(pairs[i],
-                                    _mm256_maddubs_epi16(low, broadcast_pair32(x[i] + 8 * v)));
-        pairs[i] = _mm256_add_epi16(
-            pairs[i], _mm256_maddubs_epi16(high, broadcast_pair32(x[i] + 8 * v + 4)));
-      }
-    }
-    for (int i = 0; i < XRows; ++i) dots[i] = _mm256_madd_epi16(pairs[i], _mm256_set1_epi16(1));
-  }
 };
 
 template <typename ScaleT>
@@ -88,21 +71,6 @@ struct Int8Panels {
   using Activation = int16_t;
   static constexpr bool kHasMins = false;
   static constexpr int64_t kBlockBytes = kPanelRows * kQuantBlock;
-
-  // Lane sums of 32 products of at most 128 * 32767: |sum| < 2^27, exact in int32; the fp32
-  // convert then rounds it as an fp32 accumulation would.
-  template <int XRows>
-  static void block_dots(const uint8_t* w, const int16_t* const (&x)[XRows],
-                         __m256i (&dots)[XRows]) {
-    for (auto& d : dots) d = _mm256_setzero_si256();
-    for (int u = 0; u < 16; ++u) {
-      const __m256i codes = _mm256_cvtepi8_epi16(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16 * u)));
-      for (int i = 0; i < XRows; ++i)
-        dots[i] = _mm256_add_epi32(dots[i],
-                                   _mm256_madd_epi16(codes, broadcast_pair32(x[i] + 2 * u)));
-    }
-  }
 };
 
 template <typename Weights>
@@ -117,69 +85,32 @@ struct Problem {
   int64_t m, n, blocks, groups, blocks_per_group;
 };
 
-// y[m0 .. m0 + XRows, the panel's rows].
-template <int XRows, typename Weights>
-void panel_rows(const Problem<Weights>& p, int64_t panel, int64_t m0) {
-  const typename Weights::Activation* xq[XRows];
-  const float* xd[XRows];
-  for (int i = 0; i < XRows; ++i) {
-    xq[i] = p.x->values(m0 + i);
-    xd[i] = p.x->scales(m0 + i);
-  }
-  const uint8_t* w = p.values + panel * p.blocks * Weights::kBlockBytes;
-  const auto* scales = p.scales + panel * p.groups * kPanelRows;
-  __m256 acc[XRows];
-  for (auto& a : acc) a = _mm256_setzero_ps();
-  for (int64_t g = 0; g < p.groups; ++g) {
-    const __m256 scale = load8(scales + g * kPanelRows);
-    const int64_t end = std::min(p.blocks, (g + 1) * p.blocks_per_group);
-    if constexpr (Weights::kHasMins) {
-      // The offset's term: min times the group's sum of x, Σ d * sum(q) over its blocks.
-      const __m256 min = load8(p.mins + (panel * p.groups + g) * kPanelRows);
-      for (int i = 0; i < XRows; ++i) {
-        float group_sum = 0.0f;
-        for (int64_t b = g * p.blocks_per_group; b < end; ++b) group_sum += p.x->sums(m0 + i)[b];
-        acc[i] = _mm256_fmadd_ps(min, _mm256_set1_ps(group_sum), acc[i]);
-      }
-    }
-    for (int64_t b = g * p.blocks_per_group; b < end; ++b) {
-      const typename Weights::Activation* x[XRows];
-      for (int i = 0; i < XRows; ++i) x[i] = xq[i] + b * kQuantBlock;
-      const uint8_t* block = w + b * Weights::kBlockBytes;
-      for (int64_t line = 0; line < Weights::kBlockBytes; line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + line), _MM_HINT_T0);
-      __m256i dots[XRows];
-      Weights::template block_dots<XRows>(block, x, dots);
-      for (int i = 0; i < XRows; ++i)
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[i]),
-                                 _mm256_mul_ps(scale, _mm256_broadcast_ss(xd[i] + b)), acc[i]);
-    }
-  }
-  const int64_t n0 = panel * kPanelRows, valid = std::min(kPanelRows, p.n - n0);
-  const __m256i lanes = tail_mask(valid);
-  const __m256 bias = p.bias ? _mm256_maskload_ps(p.bias + n0, lanes) : _mm256_setzero_ps();
-  for (int i = 0; i < XRows; ++i)
-    _mm256_maskstore_ps(p.y + (m0 + i) * p.n + n0, lanes, _mm256_add_ps(acc[i], bias));
-}
+// The panel kernels, compiled twice: for AVX2 (every CPU the library runs on), and for AVX-512
+// VNNI, whose dot-product instructions add a lane's four byte products (vpdpbusd) or two int16
+// products (vpdpwssd) straight into its int32 sum, where AVX2 multiplies, then adds or widens.
+// The integer sums are exact either way, so both give bit-identical outputs.
+namespace avx2 {
+constexpr bool kVnni = false;
+#include "quant_panels.inc"
+}  // namespace avx2
 
-template <typename Weights>
-void panel(const Problem<Weights>& p, int64_t index) {
-  int64_t m0 = 0;
-  for (; m0 + kXRows <= p.m; m0 += kXRows) panel_rows<kXRows>(p, index, m0);
-  switch (p.m - m0) {
-    case 3:
-      panel_rows<3>(p, index, m0);
-      break;
-    case 2:
-      panel_rows<2>(p, index, m0);
-      break;
-    case 1:
-      panel_rows<1>(p, index, m0);
-      break;
-    default:
-      break;
-  }
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni")
+namespace vnni {
+constexpr bool kVnni = true;
+#include "quant_panels.inc"
+}  // namespace vnni
+#pragma GCC pop_options
+
+// Whether the VNNI kernels run: the CPU has them, and TOKENMILL_AVX512 is not "0" (the switch
+// that measures them against AVX2 on one machine). __builtin_cpu_init first: this runs while the
+// library loads, possibly before libgcc's own initializer has read the CPU.
+bool vnni_usable() {
+  __builtin_cpu_init();
+  return avx512_allowed() && __builtin_cpu_supports("avx512vnni") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
 }
+const bool kUseVnni = vnni_usable();
 
 // Checks the panel tensors against the n outputs of k inputs they hold.
 void check_panels(const char* op, const at::Tensor& values, int64_t block_bytes,
@@ -225,7 +156,12 @@ void panel_linear_team(const at::Tensor& x, const at::Tensor& values, const at::
     p.x = &quantized;
     const int64_t panels = (p.n + kPanelRows - 1) / kPanelRows;
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < panels; ++t) panel(p, t);
+    for (int64_t t = 0; t < panels; ++t) {
+      if (kUseVnni)
+        vnni::panel(p, t);
+      else
+        avx2::panel(p, t);
+    }
   });
 }
 

@@ -4,8 +4,17 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 namespace tokenmill {
+
+// Whether kernels may take their AVX-512 paths where the CPU has them: TOKENMILL_AVX512=0 keeps
+// every kernel on AVX2, the baseline those paths are measured against (outputs are the same).
+inline bool avx512_allowed() {
+  const char* setting = std::getenv("TOKENMILL_AVX512");
+  return setting == nullptr || std::strcmp(setting, "0") != 0;
+}
 
 // Lanes [0, n) set. Masked loads read nothing past the end of a row, so a row whose length is
 // not a multiple of 8 takes the same FMA path as the rest instead of a scalar epilogue.
