@@ -14,9 +14,10 @@
 // up exactly in int16 (8 * 2 * 15 * 127 < 2^15), and one _mm256_madd_epi16 widens them; int8
 // codes widen to int16 and _mm256_madd_epi16 multiplies them by pairs of int16 activations. One
 // FMA a block then scales the 8 rows' sums by their weight scales times the block's x scale.
-// Where the CPU has AVX-512 VNNI, _mm256_dpbusd_epi32 and _mm256_dpwssd_epi32 multiply and add
-// into the int32 sums in one instruction each (quant_panels.inc, compiled for both): the same
-// sums, 1.2-1.3x faster int4 products at 4-64 rows of x and 1.6x int8 ones on a 2-core Xeon.
+// Where the CPU has AVX-512 VNNI, vpdpbusd and vpdpwssd multiply and add into the int32 sums in
+// one instruction each, and zmm vectors take two panels a pass (quant_panels.inc, compiled for
+// both): the same sums, int4 products 1.3x faster at 2 rows of x and 2.0x at 64 than AVX2's, int8
+// ones 1.3x at 4 rows and 2.1x at 64, on a 2-core Xeon.
 // The per-row reductions, scale combining and stores of a row-major kernel disappear: at one
 // row of x, large matrices stream at up to 35 GB/s here (2 threads), 1.5-2.3x the row-major
 // kernel. A panel is one contiguous stream, read once per call: every row of x is multiplied
@@ -63,6 +64,11 @@ struct Int4Panels {
   using Activation = int8_t;
   static constexpr bool kHasMins = true;
   static constexpr int64_t kBlockBytes = kPanelRows * kQuantBlock / 2;
+  // Rows of x from which VNNI passes take two panels at once (below, one: a single stream reads
+  // a bandwidth-bound product faster). SmolLM2's int4 layer products, ms at 1 / 2 / 4 / 16 / 64
+  // rows, two panels against one: 0.074-0.079 / 0.097-0.105 / 0.120-0.128 / 0.346 / 1.161
+  // against 0.075-0.079 / 0.117-0.120 / 0.160 / 0.475 / 1.808.
+  static constexpr int64_t kPairMinRows = 2;
 };
 
 template <typename ScaleT>
@@ -71,6 +77,10 @@ struct Int8Panels {
   using Activation = int16_t;
   static constexpr bool kHasMins = false;
   static constexpr int64_t kBlockBytes = kPanelRows * kQuantBlock;
+  // The Q8_0 LM head (49,152 x 576), ms at 1 / 2 / 3 / 4 / 16 / 64 rows, two panels against
+  // one: 0.62 / 0.63-0.65 / 0.68 / 0.81-0.86 / 2.64 / 9.46 against 0.55-0.57 / 0.58 / 0.70-0.72
+  // / 0.81 / 2.98 / 12.1.
+  static constexpr int64_t kPairMinRows = 3;
 };
 
 template <typename Weights>
@@ -87,18 +97,21 @@ struct Problem {
 
 // The panel kernels, compiled twice: for AVX2 (every CPU the library runs on), and for AVX-512
 // VNNI, whose dot-product instructions add a lane's four byte products (vpdpbusd) or two int16
-// products (vpdpwssd) straight into its int32 sum, where AVX2 multiplies, then adds or widens.
-// The integer sums are exact either way, so both give bit-identical outputs.
+// products (vpdpwssd) straight into its int32 sum, where AVX2 multiplies, then adds or widens,
+// and whose zmm vectors take two panels a pass. The integer sums are exact either way, so both
+// give bit-identical outputs.
 namespace avx2 {
-constexpr bool kVnni = false;
+#define TOKENMILL_VNNI 0
 #include "quant_panels.inc"
+#undef TOKENMILL_VNNI
 }  // namespace avx2
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni")
+#pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,avx512vnni")
 namespace vnni {
-constexpr bool kVnni = true;
+#define TOKENMILL_VNNI 1
 #include "quant_panels.inc"
+#undef TOKENMILL_VNNI
 }  // namespace vnni
 #pragma GCC pop_options
 
@@ -108,7 +121,8 @@ constexpr bool kVnni = true;
 bool vnni_usable() {
   __builtin_cpu_init();
   return avx512_allowed() && __builtin_cpu_supports("avx512vnni") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq");
 }
 const bool kUseVnni = vnni_usable();
 
@@ -155,12 +169,21 @@ void panel_linear_team(const at::Tensor& x, const at::Tensor& values, const at::
     quantized.quantize(x.data_ptr<float>(), p.m, x.size(1));
     p.x = &quantized;
     const int64_t panels = (p.n + kPanelRows - 1) / kPanelRows;
+    if (kUseVnni && p.m >= Weights::kPairMinRows) {
+      // Two panels a pass; an odd last one alone.
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < panels; ++t) {
-      if (kUseVnni)
-        vnni::panel(p, t);
-      else
-        avx2::panel(p, t);
+      for (int64_t t = 0; t < (panels + 1) / 2; ++t) {
+        if (2 * t + 1 < panels)
+          vnni::panels<vnni::TwoPanels>(p, 2 * t);
+        else
+          vnni::panels<vnni::OnePanel>(p, 2 * t);
+      }
+    } else if (kUseVnni) {
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < panels; ++t) vnni::panels<vnni::OnePanel>(p, t);
+    } else {
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < panels; ++t) avx2::panels<avx2::OnePanel>(p, t);
     }
   });
 }
