@@ -31,11 +31,11 @@ def _faults(setting: str) -> int:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_freed_tensor_pages_are_reused_instead_of_faulted_in_again():
-    pages_per_tensor = 2**26 // 4096
-    assert _faults("off") >= 8 * pages_per_tensor  # fresh pages each time
-    # At most one more growth of the heap (Python's own small objects can land past the freed
-    # tensor), not one per round.
-    assert _faults("on") <= 1.1 * pages_per_tensor
+    # Off, every round faults the whole tensor in again (16,384 pages, or 32 huge pages where
+    # transparent huge pages are always on). On, at most one more growth of the heap (Python's own
+    # small objects can land past the freed tensor), not one per round.
+    off, on = _faults("off"), _faults("on")
+    assert off > 0 and on * 5 <= off
 
 
 def test_reuse_is_idempotent():
