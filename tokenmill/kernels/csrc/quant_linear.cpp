@@ -49,12 +49,18 @@ constexpr int kXRows = 4;
 // without; 1 and 4 KB ahead measured no better).
 constexpr int64_t kPrefetchBytes = 2048;
 
-// Four consecutive activation bytes (or two int16) in every 32-bit lane.
+// Four consecutive activation bytes (or two int16) as one 32-bit value, for every lane of a
+// vector.
 template <typename T>
-inline __m256i broadcast_pair32(const T* p) {
+inline int32_t four_bytes(const T* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof(v));
-  return _mm256_set1_epi32(v);
+  return v;
+}
+
+template <typename T>
+inline __m256i broadcast_pair32(const T* p) {
+  return _mm256_set1_epi32(four_bytes(p));
 }
 
 // The two weight formats' layouts; their block products are in quant_panels.inc.
@@ -169,21 +175,17 @@ void panel_linear_team(const at::Tensor& x, const at::Tensor& values, const at::
     quantized.quantize(x.data_ptr<float>(), p.m, x.size(1));
     p.x = &quantized;
     const int64_t panels = (p.n + kPanelRows - 1) / kPanelRows;
-    if (kUseVnni && p.m >= Weights::kPairMinRows) {
-      // Two panels a pass; an odd last one alone.
+    // With VNNI, a pass takes two panels once x has enough rows (an odd last one alone).
+    const int64_t step = kUseVnni && p.m >= Weights::kPairMinRows ? 2 : 1;
 #pragma omp for schedule(static)
-      for (int64_t t = 0; t < (panels + 1) / 2; ++t) {
-        if (2 * t + 1 < panels)
-          vnni::panels<vnni::TwoPanels>(p, 2 * t);
-        else
-          vnni::panels<vnni::OnePanel>(p, 2 * t);
-      }
-    } else if (kUseVnni) {
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < panels; ++t) vnni::panels<vnni::OnePanel>(p, t);
-    } else {
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < panels; ++t) avx2::panels<avx2::OnePanel>(p, t);
+    for (int64_t t = 0; t < (panels + step - 1) / step; ++t) {
+      const int64_t first = t * step;
+      if (!kUseVnni)
+        avx2::panels<avx2::OnePanel>(p, first);
+      else if (step == 2 && first + 1 < panels)
+        vnni::panels<vnni::TwoPanels>(p, first);
+      else
+        vnni::panels<vnni::OnePanel>(p, first);
     }
   });
 }
