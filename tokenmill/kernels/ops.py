@@ -29,7 +29,10 @@ SKINNY_MAX_ROWS = 32
 # panels, or oneDNN's blocked format under torch's kernels. Over SmolLM2's layer products,
 # GFLOP/s oneDNN-prepacked vs plain: 33 rows 86 vs 58, 64 rows 105 vs 67, 256 rows 128 vs 111,
 # 512 rows 119 vs 125, 2048 rows 132 vs 147; at 1 row (no native kernels) 16.5 vs 12.0 GB/s. The
-# native kernel measured 1.1-1.5x oneDNN's at 24-256 rows (csrc/packed_linear.cpp).
+# native kernel measured 1.1-1.5x oneDNN's at 24-256 rows (csrc/packed_linear.cpp). For a
+# bfloat16 weight on AMX (csrc/amx_linear.cpp) the same bound holds: SmolLM2's layer products,
+# TFLOP/s AMX vs torch's bfloat16 GEMM, 64 rows 0.87 vs 0.56, 256 rows 1.50 vs 1.21, 512 rows
+# 1.70 vs 1.76, 2048 rows 1.25 vs 2.56.
 PREPACKED_MAX_ROWS = 256
 # Under torch's kernels, up to this many rows MKL's product on the plain weight streams faster
 # than oneDNN's GEMM on the packed copy where the CPU has AVX-512. All 121 of SmolLM2's products,
@@ -37,6 +40,12 @@ PREPACKED_MAX_ROWS = 256
 # 19.9-22.3 vs 18.8-19.1, 4 rows 14.5 vs 19.1; on the AVX2 machine before it, packed won at one
 # row (16.5 vs 12.0).
 TORCH_PLAIN_MAX_ROWS = 3 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 0
+# Up to this many rows of x, the skinny kernel on a bfloat16 weight (widened to float32 as it is
+# read) beats torch's bfloat16 product, which streamed SmolLM2's weights at about 12 GB/s at any
+# batch from 1 to 32 rows (oneDNN, with AMX, on a 2-core AVX-512 Xeon). All 121 products, ms,
+# native vs torch: 1 row 13.2 vs 22.1, 2 rows 13.5 vs 23.0, 4 rows 16.7 vs 22.7, 6 rows 22.7 vs
+# 22.9, 8 rows 26.7 vs 22.8.
+BFLOAT16_SKINNY_MAX_ROWS = 4
 
 
 def _warn(message: str) -> None:
@@ -69,6 +78,12 @@ def _load_native() -> ModuleType | None:
 _NATIVE = _load_native()
 
 
+def amx_available() -> bool:
+    """Whether bfloat16 products run on AMX: the native kernels loaded, and the CPU has AMX and
+    Linux let this process use it (asked once)."""
+    return _NATIVE is not None and _NATIVE.amx_available()
+
+
 def backend() -> str:
     """Which kernels run: "native" (the extension) or "torch" (every op's reference)."""
     return "torch" if _NATIVE is None else "native"
@@ -83,8 +98,10 @@ def linear(
     """`F.linear` (x: [..., K], weight: [N, K], bias: [N]). With the native kernels: the packed
     kernel on `prepacked` (from `prepack_linear_weight`) up to PREPACKED_MAX_ROWS rows of x,
     else the skinny kernel on the plain weight up to SKINNY_MAX_ROWS. With torch's: oneDNN on
-    `prepacked` from past TORCH_PLAIN_MAX_ROWS up to PREPACKED_MAX_ROWS. Everything else: torch's
-    GEMM on the plain weight."""
+    `prepacked` from past TORCH_PLAIN_MAX_ROWS up to PREPACKED_MAX_ROWS. A bfloat16 weight: AMX
+    on `prepacked` up to PREPACKED_MAX_ROWS, else (no AMX) the skinny kernel up to
+    BFLOAT16_SKINNY_MAX_ROWS, their outputs rounded to bfloat16 as torch's are. Everything else:
+    torch's GEMM on the plain weight."""
     rows = x.numel() // max(x.shape[-1], 1) if x.dim() >= 1 else 0
     inference = not (x.requires_grad and torch.is_grad_enabled())
     packed_fits = prepacked is not None and inference and rows <= PREPACKED_MAX_ROWS
@@ -95,8 +112,15 @@ def linear(
     if packed_fits and rows >= 1 and _native_friendly((x,)):
         n = weight.shape[0]
         return _flat_rows(_NATIVE.packed_linear, x, n, prepacked, n, bias)
+    if packed_fits and rows >= 1 and _bfloat16_fits((x,)):  # prepacked holds AMX tiles
+        n = weight.shape[0]
+        return _flat_rows(_NATIVE.amx_linear, x, n, prepacked, n, bias)
     if _skinny_linear_fits(x, weight, bias):
         return _flat_rows(_NATIVE.linear, x, weight.shape[0], weight, bias)
+    if 1 <= rows <= BFLOAT16_SKINNY_MAX_ROWS and _bfloat16_linear_fits(x, weight, bias):
+        wide_bias = None if bias is None else bias.float()
+        out = _flat_rows(_NATIVE.bfloat16_linear, x.float(), weight.shape[0], weight, wide_bias)
+        return out.to(torch.bfloat16)
     return linear_reference(x, weight, bias)
 
 
@@ -127,11 +151,25 @@ def _skinny_linear_fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     )
 
 
+def _bfloat16_linear_fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    return (
+        x.shape[-1] > 0
+        and weight.is_contiguous()
+        and (bias is None or bias.is_contiguous())
+        and _bfloat16_fits(tensors)
+    )
+
+
 def prepack_linear_weight(weight: torch.Tensor, batch_hint: int) -> torch.Tensor | None:
     """A copy of a float32 weight [N, K] laid out for batched products: the native blocked
     kernel's panels, or under torch's kernels oneDNN's blocked format for about `batch_hint` rows
     of x. None where neither applies (torch without oneDNN, a weight not float32 on the CPU). The
-    copy is extra memory: the plain weight stays for the other paths."""
+    copy is extra memory: the plain weight stays for the other paths. A bfloat16 weight, where
+    the native kernels load and the CPU has AMX: the tiles `amx_linear` reads."""
+    if weight.dtype == torch.bfloat16 and weight.is_cpu and amx_available():
+        with torch.no_grad():
+            return _NATIVE.pack_amx_weight(weight.detach())
     if not (weight.dtype == torch.float32 and weight.is_cpu):
         return None
     with torch.no_grad():
@@ -155,8 +193,14 @@ def paged_decode_attention(
 
     q: [B, H, d]; kv_cache: [2, num_blocks, block_size, kv_heads, d] (K then V);
     block_tables: [B, max_blocks] int32/int64; seq_lens: [B] ints in [1, max_blocks * block_size].
-    Returns [B, H, d]. Native reads K and V in place through the block tables (no gather copy).
+    Returns [B, H, d]. Native reads K and V in place through the block tables (no gather copy);
+    a bfloat16 cache (a bfloat16 model's) too, with q and the output in float32 inside.
     """
+    if _NATIVE is not None and _bfloat16_fits((q, kv_cache)) and kv_cache.is_contiguous():
+        out = _NATIVE.paged_decode_attention(
+            q.float(), kv_cache, block_tables, seq_lens, scale, window or 0
+        )
+        return out.to(torch.bfloat16)
     if _NATIVE is None or not (kv_cache.is_contiguous() and _native_friendly((q, kv_cache))):
         return paged_decode_attention_reference(q, kv_cache, block_tables, seq_lens, scale, window)
     return _NATIVE.paged_decode_attention(q, kv_cache, block_tables, seq_lens, scale, window or 0)
@@ -863,6 +907,16 @@ def _quantized_fits(x: torch.Tensor, bias: torch.Tensor | None) -> bool:
         and not (x.requires_grad and torch.is_grad_enabled())
         and (bias is None or bias.dtype == torch.float32)
     )
+
+
+def _bfloat16_fits(tensors: tuple[torch.Tensor, ...]) -> bool:
+    """`_native_friendly` for the kernels that also read bfloat16 (a bfloat16 model's weights and
+    KV cache), widening it to float32 as they load it."""
+    grad_enabled = torch.is_grad_enabled()
+    for t in tensors:
+        if t.dtype != torch.bfloat16 or not t.is_cpu or (grad_enabled and t.requires_grad):
+            return False
+    return True
 
 
 def _native_friendly(tensors: tuple[torch.Tensor, ...]) -> bool:

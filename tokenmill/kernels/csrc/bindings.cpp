@@ -18,6 +18,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "y = x W^T + b for float32 x [M, K] with W from pack_linear_weight (n = W's rows)",
         py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("bias"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("bfloat16_linear", &tokenmill::bfloat16_linear,
+        "y = x W^T + b for skinny float32 x [M, K] and bfloat16 W, in float32",
+        py::arg("x"), py::arg("weight"), py::arg("bias"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("amx_available", &tokenmill::amx_available,
+        "whether this CPU and OS run AMX tiles (asks Linux for the tile state once)");
+  m.def("pack_amx_weight", &tokenmill::pack_amx_weight,
+        "bfloat16 W [N, K] as AMX B tiles [ceil(N / 16), ceil(K / 32) * 16, 16, 2] for amx_linear",
+        py::arg("weight"), py::call_guard<py::gil_scoped_release>());
+  m.def("amx_linear", &tokenmill::amx_linear,
+        "y = x W^T + b in bfloat16 on AMX, W from pack_amx_weight (n = W's rows)", py::arg("x"),
+        py::arg("packed"), py::arg("n"), py::arg("bias"), py::call_guard<py::gil_scoped_release>());
   m.def("fp8_linear", &tokenmill::fp8_linear,
         "y = x W^T + b for skinny float32 x, W fp8 e4m3 with a float32 scale per row",
         py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("bias"),

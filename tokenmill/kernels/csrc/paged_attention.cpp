@@ -6,10 +6,11 @@
 // denominator and weighted sum of values per query head, rescaled whenever a block raises the
 // maximum. No context copy and no full score row is ever materialised.
 //
-// A quantized cache (int8 or fp8 e4m3 codes, an fp32 scale per token and KV head) is read the
-// same way: 8 codes at a time become 8 floats (a sign extension, or e4m3's bits moved into fp16,
-// fp8.h) and the token's scale multiplies the finished dot product and the value's softmax
-// weight.
+// A bfloat16 cache (a bfloat16 model's) is read the same way, 8 elements at a time widened to
+// floats (a bfloat16 is the top half of a float), so it streams half of float32's bytes. A
+// quantized cache (int8 or fp8 e4m3 codes, an fp32 scale per token and KV head) too: 8 codes at a
+// time become 8 floats (a sign extension, or e4m3's bits moved into fp16, fp8.h) and the token's
+// scale multiplies the finished dot product and the value's softmax weight.
 
 #include <ATen/ATen.h>
 
@@ -52,6 +53,20 @@ __m256 load_code_tail(const typename Codes::Storage* p, int64_t n) {
   std::copy_n(p, n, padded);
   return Codes::load8(padded);
 }
+
+// bfloat16: 8 at a time zero-extended to 32 bits and shifted into a float's top half, exactly.
+struct Bfloat16Elements {
+  using Storage = uint16_t;
+  static constexpr bool kScaled = false;
+  static constexpr float kScale = 1.0f;
+  static __m256 load8(const uint16_t* p) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+  static __m256 load_tail(const uint16_t* p, int64_t n) {
+    return load_code_tail<Bfloat16Elements>(p, n);
+  }
+};
 
 // int8 codes: 8 at a time sign-extended to int32, then converted.
 struct Int8Elements {
@@ -378,12 +393,19 @@ void attend_batch(const Cache& cache, const at::Tensor& q, const at::Tensor& tab
   }
 }
 
-// The cache's elements and layout for attend_batch: float32, or int8 / fp8 codes with `scales`.
+// The cache's elements and layout for attend_batch: float32 or bfloat16, or int8 / fp8 codes
+// with `scales`.
 template <typename Body>
 void with_cache(const at::Tensor& kv_cache, const at::Tensor* scales, Body body) {
   const int64_t block_size = kv_cache.size(2), kv_heads = kv_cache.size(3), dim = kv_cache.size(4);
+  // K and V halves by pointer arithmetic: kv_cache[0] would cost a dispatched select per call.
+  if (kv_cache.scalar_type() == at::kBFloat16) {
+    const auto* keys = static_cast<const uint16_t*>(kv_cache.data_ptr());
+    body(PagedCache<Bfloat16Elements>{keys, keys + kv_cache.stride(0), nullptr, nullptr,
+                                      block_size, kv_heads, dim});
+    return;
+  }
   if (scales == nullptr) {
-    // K and V halves by pointer arithmetic: kv_cache[0] would cost a dispatched select per call.
     const float* keys = kv_cache.data_ptr<float>();
     body(PagedCache<Float32Elements>{keys, keys + kv_cache.stride(0), nullptr, nullptr,
                                      block_size, kv_heads, dim});
@@ -437,8 +459,8 @@ void paged_decode_attention_team(const at::Tensor& q, const at::Tensor& kv_cache
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens,
                                   double scale, int64_t window) {
-  TORCH_CHECK(kv_cache.scalar_type() == at::kFloat,
-              "paged_decode_attention: kv_cache must be float32");
+  TORCH_CHECK(kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kBFloat16,
+              "paged_decode_attention: kv_cache must be float32 or bfloat16");
   const auto [tables, lens] =
       check_decode_attention("paged_decode_attention", q, kv_cache, block_tables, seq_lens);
   const at::Tensor qc = q.contiguous();

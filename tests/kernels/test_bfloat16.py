@@ -1,0 +1,126 @@
+"""The kernels of a bfloat16 model (AMX products, the skinny kernel on bfloat16 weights, paged
+attention over a bfloat16 cache) against float32 math on the same bfloat16 values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from tokenmill.kernels import ops
+
+from .test_ops import needs_native, random_paged_batch, relative_error
+
+needs_amx = pytest.mark.skipif(
+    not ops.amx_available(), reason="this CPU or OS does not run AMX tiles"
+)
+
+
+def assert_rounded_from(actual: torch.Tensor, exact: torch.Tensor) -> None:
+    """`actual` (bfloat16) is `exact` (float32) rounded to bfloat16, to within one step of
+    bfloat16 (its 8 bits of precision: 2^-8 relative) where the float32 sums, added in another
+    order, sit next to a rounding boundary."""
+    assert actual.dtype == torch.bfloat16 and actual.shape == exact.shape
+    bound = exact.abs() * 2**-7 + 1e-6 * exact.abs().max()
+    assert bool(((actual.float() - exact).abs() <= bound).all())
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 33, 64, 256])
+@pytest.mark.parametrize(
+    ("n", "k"), [(70, 33), (16, 64), (33, 577)], ids=["odd", "one-panel", "wide"]
+)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_amx_linear_rounds_the_float32_product(rows: int, n: int, k: int, with_bias: bool) -> None:
+    """Odd panel counts, K past whole tile steps, rows past whole tiles of x."""
+    gen = torch.Generator().manual_seed(rows * n + k)
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    weight = torch.randn(n, k, generator=gen).bfloat16()
+    bias = torch.randn(n, generator=gen).bfloat16() if with_bias else None
+    out = ops._NATIVE.amx_linear(x, ops._NATIVE.pack_amx_weight(weight), n, bias)
+    exact = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    assert_rounded_from(out, exact)
+
+
+@needs_amx
+def test_amx_gives_a_row_the_same_bits_at_any_batch_size() -> None:
+    """Each row's sums take the same tile steps whatever rows share its tile: decode outputs do
+    not depend on what else is in the batch."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(100, 96, generator=gen).bfloat16()
+    packed = ops._NATIVE.pack_amx_weight(weight)
+    x = torch.randn(40, 96, generator=gen).bfloat16()
+    together = ops._NATIVE.amx_linear(x, packed, 100, None)
+    for row in (0, 17, 39):
+        alone = ops._NATIVE.amx_linear(x[row : row + 1], packed, 100, None)
+        assert torch.equal(alone[0], together[row])
+
+
+@needs_amx
+def test_amx_linear_rejects_a_weight_it_did_not_pack() -> None:
+    weight = torch.randn(40, 64).bfloat16()
+    packed = ops._NATIVE.pack_amx_weight(weight)
+    with pytest.raises(RuntimeError, match="n does not match"):
+        ops._NATIVE.amx_linear(torch.randn(2, 64).bfloat16(), packed, 20, None)
+    with pytest.raises(RuntimeError, match="disagree on K"):
+        ops._NATIVE.amx_linear(torch.randn(2, 16).bfloat16(), packed, 40, None)
+    with pytest.raises(RuntimeError, match="must come from pack_amx_weight"):
+        ops._NATIVE.amx_linear(torch.randn(2, 64).bfloat16(), weight, 40, None)
+
+
+@needs_amx
+def test_linear_runs_a_bfloat16_weight_on_its_amx_tiles_up_to_the_prepacked_bound() -> None:
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(48, 40, generator=gen).bfloat16()
+    bias = torch.randn(48, generator=gen).bfloat16()
+    prepacked = ops.prepack_linear_weight(weight, 64)
+    assert prepacked is not None and prepacked.dtype == torch.bfloat16
+    x = torch.randn(2, 3, 40, generator=gen).bfloat16()
+    out = ops.linear(x, weight, bias, prepacked)
+    assert out.shape == (2, 3, 48)
+    assert torch.equal(out.view(6, 48), ops._NATIVE.amx_linear(x.view(6, 40), prepacked, 48, bias))
+    wide = torch.randn(ops.PREPACKED_MAX_ROWS + 1, 40, generator=gen).bfloat16()
+    assert torch.equal(ops.linear(wide, weight, bias, prepacked), F.linear(wide, weight, bias))
+
+
+@needs_native
+@pytest.mark.parametrize("k", [1, 7, 8, 9, 64, 577])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bfloat16_skinny_linear_is_the_float32_product_of_the_widened_weight(
+    k: int, with_bias: bool
+) -> None:
+    gen = torch.Generator().manual_seed(k)
+    for m in range(1, 6):
+        n = int(torch.randint(1, 70, (1,), generator=gen))
+        x, weight = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen).bfloat16()
+        bias = torch.randn(n, generator=gen) if with_bias else None
+        out = ops._NATIVE.bfloat16_linear(x, weight, bias)
+        assert relative_error(out, F.linear(x, weight.float(), bias)) < 1e-5, (m, n)
+
+
+@needs_native
+def test_linear_without_amx_streams_a_bfloat16_weight_through_the_skinny_kernel() -> None:
+    gen = torch.Generator().manual_seed(2)
+    weight = torch.randn(70, 33, generator=gen).bfloat16()
+    x = torch.randn(1, ops.BFLOAT16_SKINNY_MAX_ROWS, 33, generator=gen).bfloat16()
+    out = ops.linear(x, weight)  # no packed copy, as on a CPU without AMX
+    assert_rounded_from(out, F.linear(x.float(), weight.float()))
+    wide = torch.randn(ops.BFLOAT16_SKINNY_MAX_ROWS + 1, 33, generator=gen).bfloat16()
+    assert torch.equal(ops.linear(wide, weight), F.linear(wide, weight))
+
+
+@needs_native
+@pytest.mark.parametrize(("heads", "kv_heads", "window"), [(9, 3, None), (4, 2, 17), (8, 1, None)])
+def test_paged_attention_reads_a_bfloat16_cache_in_place(
+    heads: int, kv_heads: int, window: int | None
+) -> None:
+    torch.manual_seed(heads)
+    q, kv_cache, tables, lens = random_paged_batch(
+        [1, 15, 16, 17, 33, 100, 190] * 2, heads, kv_heads
+    )
+    q, kv_cache = q.bfloat16(), kv_cache.bfloat16()
+    out = ops.paged_decode_attention(q, kv_cache, tables, lens, 0.125, window)
+    exact = ops.paged_decode_attention_reference(
+        q.float(), kv_cache.float(), tables, lens, 0.125, window
+    )
+    assert_rounded_from(out, exact)

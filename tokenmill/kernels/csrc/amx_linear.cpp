@@ -1,0 +1,198 @@
+// y = x W^T + b for a bfloat16 model's products on Intel AMX (Sapphire Rapids and later).
+//
+// torch's bfloat16 product (oneDNN, which also uses AMX) streamed SmolLM2's weights at about
+// 12 GB/s at every decode batch from 1 to 64 rows on a 2-core AVX-512 Xeon: set-up cost and a
+// weight reorder per call, not arithmetic, bound it. Here W is packed once at engine start in the
+// layout AMX's B operand reads, so each step of a product is one tile load of 1 KB of W.
+//
+// One TDPBF16PS multiplies a 16 x 32 tile of x (A: 16 rows, 32 bfloat16 of k) by a 32 x 16 tile
+// of W (B: 16 outputs, 32 of k, stored as 16 rows of k pairs, each row the 16 outputs' pairs)
+// into a 16 x 16 tile of float32 sums (C). The products of bfloat16 pairs are exact and the sums
+// float32, as in torch's product; only the order of the additions differs.
+//
+// Tiles: four sums C[2 x 2] (rows 0-15 and 16-31 of x by two panels of 16 outputs), two of x,
+// two of W, the eight AMX has. A pass takes two adjacent panels and walks every 32 rows of x
+// over them while the panels' bytes are still in L1/L2, so W is read from DRAM once per product
+// whatever the batch. Rows of x past the last are zeros in the padded copy of x, and sums of
+// zero rows cost nothing that matters next to W's stream.
+//
+// Linux hands a process the AMX tile state only when it asks (arch_prctl), once; where the CPU
+// lacks AMX, the kernel refuses, or TOKENMILL_AVX512=0 asks for the AVX2 baseline,
+// `amx_available` is false and ops.py leaves these products to the other paths.
+
+#include <ATen/ATen.h>
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include "simd.h"
+
+namespace tokenmill {
+namespace {
+
+constexpr int64_t kPanel = 16;     // outputs per tile of W (a C tile's 16 columns)
+constexpr int64_t kDepth = 32;     // k per tile step: 32 bfloat16 = 64 bytes a tile row
+constexpr int64_t kTileRows = 16;  // rows of x per tile of x
+constexpr int64_t kRowBlock = 2 * kTileRows;
+
+// The 64-byte tile configuration AMX's LDTILECFG reads (palette 1: 8 tiles of up to 16 rows of
+// 64 bytes).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+bool cpu_has_amx_bf16() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24;
+  return (edx & kAmxBf16) && (edx & kAmxTile);
+}
+
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: without it the first tile instruction faults.
+bool request_tile_state() {
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+[[gnu::target("amx-tile")]] void configure_tiles() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.bytes_per_row[t] = 64;
+    config.rows[t] = kTileRows;
+  }
+  // GCC 12 does not see LDTILECFG read its operand and drops the stores above without this.
+  asm volatile("" : : "r"(&config) : "memory");
+  _tile_loadconfig(&config);
+}
+
+// One pass: rows [m0, m0 + 32) of x (padded, [Mp, Kp] bfloat16) by panels p and p + 1 (`pair`
+// false: p alone), into `sums` [32, 32] float32.
+[[gnu::target("amx-tile,amx-bf16")]] void tile_pass(const uint16_t* x, int64_t kp,
+                                                    const uint16_t* w0, const uint16_t* w1,
+                                                    bool pair, bool two_blocks, float* sums) {
+  // The tile intrinsics take literal register numbers: sums of x rows 0-15 by panel 0 and 1 in
+  // tmm0 and tmm1, of rows 16-31 in tmm2 and tmm3; x's two tiles in tmm4 and tmm5, W's in tmm6
+  // and tmm7.
+  const int64_t x_stride = kp * sizeof(uint16_t);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t k = 0; k < kp; k += kDepth) {
+    const int64_t w_offset = k * kPanel;  // k / 2 pair rows of 16 outputs x 2
+    _tile_loadd(4, x + k, x_stride);
+    _tile_loadd(6, w0 + w_offset, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if (two_blocks) {
+      _tile_loadd(5, x + kTileRows * kp + k, x_stride);
+      _tile_dpbf16ps(2, 5, 6);
+    }
+    if (pair) {
+      _tile_loadd(7, w1 + w_offset, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      if (two_blocks) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  constexpr int64_t kSumStride = 2 * kPanel * sizeof(float);
+  _tile_stored(0, sums, kSumStride);
+  _tile_stored(1, sums + kPanel, kSumStride);
+  _tile_stored(2, sums + kTileRows * 2 * kPanel, kSumStride);
+  _tile_stored(3, sums + kTileRows * 2 * kPanel + kPanel, kSumStride);
+}
+
+// Row r's first `width` (<= 32) outputs: the sums plus the biases, rounded to bfloat16 (to
+// nearest, ties to even, as torch rounds). Every CPU with AMX has AVX512-BF16.
+[[gnu::target("avx512f,avx512bw,avx512vl,avx512bf16")]] void store_row(const float* sums,
+                                                              const float* bias, int64_t width,
+                                                              uint16_t* out) {
+  for (int64_t c = 0; c < width; c += kPanel) {
+    const __mmask16 lanes = static_cast<__mmask16>((1u << std::min<int64_t>(width - c, kPanel)) - 1);
+    const __m512 v = _mm512_add_ps(_mm512_loadu_ps(sums + c), _mm512_maskz_loadu_ps(lanes, bias + c));
+    _mm256_mask_storeu_epi16(out + c, lanes, (__m256i)_mm512_cvtneps_pbh(v));
+  }
+}
+
+[[gnu::target("amx-tile")]] void release_tiles() { _tile_release(); }
+
+}  // namespace
+
+bool amx_available() {
+  static const bool available = avx512_allowed() && cpu_has_amx_bf16() && request_tile_state();
+  return available;
+}
+
+at::Tensor pack_amx_weight(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16,
+              "pack_amx_weight: weight must be bfloat16 [N, K]");
+  const int64_t n = weight.size(0), k = weight.size(1);
+  const int64_t panels = (n + kPanel - 1) / kPanel, kp = (k + kDepth - 1) / kDepth * kDepth;
+  // Zeros pad N to whole panels and K to whole tile steps, so the tiles never branch.
+  at::Tensor padded = at::zeros({panels * kPanel, kp}, weight.options());
+  padded.narrow(0, 0, n).narrow(1, 0, k).copy_(weight);
+  // [panel, output, k/2, 2] -> [panel, k/2, output, 2]: a tile row holds 16 outputs' k pair.
+  return padded.view({panels, kPanel, kp / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+}
+
+at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                      const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(amx_available(), "amx_linear: this CPU or OS does not provide AMX");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16,
+              "amx_linear: x must be bfloat16 [M, K]");
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 &&
+                  packed.size(2) == kPanel && packed.size(3) == 2 && packed.is_contiguous(),
+              "amx_linear: packed must come from pack_amx_weight");
+  const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0), kp = packed.size(1) * 2;
+  TORCH_CHECK(k <= kp && kp - k < kDepth, "amx_linear: x and weight disagree on K");
+  TORCH_CHECK(n > (panels - 1) * kPanel && n <= panels * kPanel,
+              "amx_linear: n does not match the packed weight");
+  if (bias.has_value())
+    TORCH_CHECK(bias->scalar_type() == at::kBFloat16 && bias->is_contiguous() &&
+                    bias->numel() == n,
+                "amx_linear: bias must be a contiguous bfloat16 [N]");
+  // x with rows padded to a multiple of 32 and k to the packed depth, zeros past both.
+  const int64_t mp = (m + kRowBlock - 1) / kRowBlock * kRowBlock;
+  at::Tensor xp = at::zeros({mp, kp}, x.options());
+  xp.narrow(0, 0, m).narrow(1, 0, k).copy_(x);
+  at::Tensor y = at::empty({m, n}, x.options());
+  const auto* xs = static_cast<const uint16_t*>(xp.data_ptr());
+  const auto* ws = static_cast<const uint16_t*>(packed.data_ptr());
+  // The biases widened once, and zeros up to the last panel's end (no bias: all zeros).
+  at::Tensor wide_bias = at::zeros({panels * kPanel}, x.options().dtype(at::kFloat));
+  if (bias) wide_bias.narrow(0, 0, n).copy_(*bias);
+  const float* b = wide_bias.data_ptr<float>();
+  auto* ys = static_cast<uint16_t*>(y.data_ptr());
+  const int64_t panel_elements = kp * kPanel;
+  const int64_t passes = (panels + 1) / 2;
+#pragma omp parallel
+  {
+    configure_tiles();
+    alignas(64) float sums[kRowBlock * 2 * kPanel];
+#pragma omp for schedule(static)
+    for (int64_t pass = 0; pass < passes; ++pass) {
+      const int64_t p = 2 * pass;
+      const bool pair = p + 1 < panels;
+      const int64_t n0 = p * kPanel, width = std::min<int64_t>(n - n0, 2 * kPanel);
+      for (int64_t m0 = 0; m0 < m; m0 += kRowBlock) {
+        const int64_t rows = std::min<int64_t>(m - m0, kRowBlock);
+        const uint16_t* w0 = ws + p * panel_elements;
+        tile_pass(xs + m0 * kp, kp, w0, pair ? w0 + panel_elements : w0, pair, rows > kTileRows,
+                  sums);
+        for (int64_t r = 0; r < rows; ++r)
+          store_row(sums + r * 2 * kPanel, b + n0, width, ys + (m0 + r) * n + n0);
+      }
+    }
+    release_tiles();
+  }
+  return y;
+}
+
+}  // namespace tokenmill
