@@ -26,8 +26,8 @@ BUILD_TOOLS = VenvSpec("llama.cpp", ("cmake==4.4.4",))
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_NATIVE=ON",  # the vector extensions of the machine that runs it, but not AMX:
-    # a VM can list AMX among the CPU's features without enabling its tile registers, and
-    # llama.cpp's AMX kernels then die on SIGILL (seen on the project's AVX-512 machine)
+    # built with it, llama-server died on SIGILL in its AMX kernel on the project's AVX-512
+    # machine, whose VM does run AMX tiles for a process that asks (tokenmill's own do)
     "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
     "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
     "-DLLAMA_BUILD_TOOLS=ON",
