@@ -34,21 +34,29 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
 
 
+def count_near_tie_flips(
+    ours: list[RequestOutput], exact: list[RequestOutput], near_tie_nats: float
+) -> int:
+    """How many of `ours` (run with logprobs=2) leave `exact`'s greedy tokens, asserting each
+    does so only where `exact`'s choice was its own runner-up within `near_tie_nats`."""
+    flipped = 0
+    for mine, theirs in zip(ours, exact, strict=True):
+        at = first_difference(mine.outputs[0].token_ids, theirs.outputs[0].token_ids)
+        if at is None:
+            continue
+        flipped += 1
+        ranked = dict(mine.outputs[0].logprobs[at].top)
+        exact_choice = theirs.outputs[0].token_ids[at]
+        assert exact_choice in ranked  # our runner-up
+        assert max(ranked.values()) - ranked[exact_choice] < near_tie_nats
+    return flipped
+
+
 def test_int8_kv_gives_fp32_kv_greedy_tokens_but_at_near_ties(smollm):
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
     exact = run_all(make_engine(smollm), VARIED_PROMPTS, params)
     int8 = run_all(make_engine(smollm, kv_cache_dtype="int8"), VARIED_PROMPTS, params)
-    flipped = 0
-    for ours, theirs in zip(int8, exact, strict=True):
-        at = first_difference(ours.outputs[0].token_ids, theirs.outputs[0].token_ids)
-        if at is None:
-            continue
-        flipped += 1
-        ranked = dict(ours.outputs[0].logprobs[at].top)
-        fp32_choice = theirs.outputs[0].token_ids[at]
-        assert fp32_choice in ranked  # int8 KV's runner-up
-        assert max(ranked.values()) - ranked[fp32_choice] < NEAR_TIE_NATS
-    assert flipped <= len(VARIED_PROMPTS) // 4
+    assert count_near_tie_flips(int8, exact, NEAR_TIE_NATS) <= len(VARIED_PROMPTS) // 4
 
 
 @pytest.mark.parametrize(("kv_cache_dtype", "max_kl"), [("int8", 0.01), ("fp8", 0.02)])

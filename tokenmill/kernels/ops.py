@@ -112,14 +112,14 @@ def linear(
     if packed_fits and rows >= 1 and _native_friendly((x,)):
         n = weight.shape[0]
         return _flat_rows(_NATIVE.packed_linear, x, n, prepacked, n, bias)
-    if packed_fits and rows >= 1 and _bfloat16_fits((x,)):  # prepacked holds AMX tiles
+    if packed_fits and rows >= 1 and _native_friendly((x,), torch.bfloat16):  # AMX tiles
         n = weight.shape[0]
         return _flat_rows(_NATIVE.amx_linear, x, n, prepacked, n, bias)
     if _skinny_linear_fits(x, weight, bias):
         return _flat_rows(_NATIVE.linear, x, weight.shape[0], weight, bias)
-    if 1 <= rows <= BFLOAT16_SKINNY_MAX_ROWS and _bfloat16_linear_fits(x, weight, bias):
+    if _skinny_linear_fits(x, weight, bias, BFLOAT16_SKINNY_MAX_ROWS, torch.bfloat16):
         wide_bias = None if bias is None else bias.float()
-        out = _flat_rows(_NATIVE.bfloat16_linear, x.float(), weight.shape[0], weight, wide_bias)
+        out = _flat_rows(_NATIVE.linear, x.float(), weight.shape[0], weight, wide_bias)
         return out.to(torch.bfloat16)
     return linear_reference(x, weight, bias)
 
@@ -139,25 +139,21 @@ def linear_reference(
     return F.linear(x, weight, bias)
 
 
-def _skinny_linear_fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+def _skinny_linear_fits(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    max_rows: int = SKINNY_MAX_ROWS,
+    dtype: torch.dtype = torch.float32,
+) -> bool:
     tensors = (x, weight) if bias is None else (x, weight, bias)
     return (
         x.dim() >= 1
         and x.shape[-1] > 0
-        and x.numel() <= SKINNY_MAX_ROWS * x.shape[-1]
+        and x.numel() <= max_rows * x.shape[-1]
         and weight.is_contiguous()
         and (bias is None or bias.is_contiguous())
-        and _native_friendly(tensors)
-    )
-
-
-def _bfloat16_linear_fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    tensors = (x, weight) if bias is None else (x, weight, bias)
-    return (
-        x.shape[-1] > 0
-        and weight.is_contiguous()
-        and (bias is None or bias.is_contiguous())
-        and _bfloat16_fits(tensors)
+        and _native_friendly(tensors, dtype)
     )
 
 
@@ -196,7 +192,8 @@ def paged_decode_attention(
     Returns [B, H, d]. Native reads K and V in place through the block tables (no gather copy);
     a bfloat16 cache (a bfloat16 model's) too, with q and the output in float32 inside.
     """
-    if _NATIVE is not None and _bfloat16_fits((q, kv_cache)) and kv_cache.is_contiguous():
+    bfloat16 = _native_friendly((q, kv_cache), torch.bfloat16)
+    if _NATIVE is not None and bfloat16 and kv_cache.is_contiguous():
         out = _NATIVE.paged_decode_attention(
             q.float(), kv_cache, block_tables, seq_lens, scale, window or 0
         )
@@ -909,23 +906,14 @@ def _quantized_fits(x: torch.Tensor, bias: torch.Tensor | None) -> bool:
     )
 
 
-def _bfloat16_fits(tensors: tuple[torch.Tensor, ...]) -> bool:
-    """`_native_friendly` for the kernels that also read bfloat16 (a bfloat16 model's weights and
-    KV cache), widening it to float32 as they load it."""
-    grad_enabled = torch.is_grad_enabled()
-    for t in tensors:
-        if t.dtype != torch.bfloat16 or not t.is_cpu or (grad_enabled and t.requires_grad):
-            return False
-    return True
-
-
-def _native_friendly(tensors: tuple[torch.Tensor, ...]) -> bool:
-    """Float32 CPU tensors outside autograd: the only case the native kernels implement.
+def _native_friendly(tensors: tuple[torch.Tensor, ...], dtype: torch.dtype = torch.float32) -> bool:
+    """CPU tensors of `dtype` outside autograd: float32 is the case the native kernels implement;
+    a few (a bfloat16 model's products and decode attention) also take bfloat16.
 
     Runs on every call, so it sticks to the cheapest tensor attributes (`is_cpu`, not `device`).
     """
     grad_enabled = torch.is_grad_enabled()
     for t in tensors:
-        if t.dtype != torch.float32 or not t.is_cpu or (grad_enabled and t.requires_grad):
+        if t.dtype != dtype or not t.is_cpu or (grad_enabled and t.requires_grad):
             return False
     return True

@@ -27,7 +27,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 #include <optional>
 
 #include "simd.h"
@@ -115,8 +114,9 @@ bool request_tile_state() {
                                                               const float* bias, int64_t width,
                                                               uint16_t* out) {
   for (int64_t c = 0; c < width; c += kPanel) {
-    const __mmask16 lanes = static_cast<__mmask16>((1u << std::min<int64_t>(width - c, kPanel)) - 1);
-    const __m512 v = _mm512_add_ps(_mm512_loadu_ps(sums + c), _mm512_maskz_loadu_ps(lanes, bias + c));
+    const auto lanes = static_cast<__mmask16>((1u << std::min<int64_t>(width - c, kPanel)) - 1);
+    const __m512 v =
+        _mm512_add_ps(_mm512_loadu_ps(sums + c), _mm512_maskz_loadu_ps(lanes, bias + c));
     _mm256_mask_storeu_epi16(out + c, lanes, (__m256i)_mm512_cvtneps_pbh(v));
   }
 }
@@ -181,9 +181,9 @@ at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
       const int64_t p = 2 * pass;
       const bool pair = p + 1 < panels;
       const int64_t n0 = p * kPanel, width = std::min<int64_t>(n - n0, 2 * kPanel);
+      const uint16_t* w0 = ws + p * panel_elements;
       for (int64_t m0 = 0; m0 < m; m0 += kRowBlock) {
         const int64_t rows = std::min<int64_t>(m - m0, kRowBlock);
-        const uint16_t* w0 = ws + p * panel_elements;
         tile_pass(xs + m0 * kp, kp, w0, pair ? w0 + panel_elements : w0, pair, rows > kTileRows,
                   sums);
         for (int64_t r = 0; r < rows; ++r)

@@ -8,7 +8,8 @@
 // The GIL is released while a kernel runs, as torch's own operators do, so other Python
 // threads (the server's event loop) keep going.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear", &tokenmill::skinny_linear, "y = x W^T + b for skinny float32 x [M, K]",
+  m.def("linear", &tokenmill::skinny_linear,
+        "y = x W^T + b for skinny float32 x [M, K], W float32 or bfloat16, y float32",
         py::arg("x"), py::arg("weight"), py::arg("bias"),
         py::call_guard<py::gil_scoped_release>());
   m.def("pack_linear_weight", &tokenmill::pack_linear_weight,
@@ -17,10 +18,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_linear", &tokenmill::packed_linear,
         "y = x W^T + b for float32 x [M, K] with W from pack_linear_weight (n = W's rows)",
         py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("bias"),
-        py::call_guard<py::gil_scoped_release>());
-  m.def("bfloat16_linear", &tokenmill::bfloat16_linear,
-        "y = x W^T + b for skinny float32 x [M, K] and bfloat16 W, in float32",
-        py::arg("x"), py::arg("weight"), py::arg("bias"),
         py::call_guard<py::gil_scoped_release>());
   m.def("amx_available", &tokenmill::amx_available,
         "whether this CPU and OS run AMX tiles (asks Linux for the tile state once)");

@@ -14,8 +14,6 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight,
 at::Tensor pack_linear_weight(const at::Tensor& weight);
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                          const std::optional<at::Tensor>& bias);
-at::Tensor bfloat16_linear(const at::Tensor& x, const at::Tensor& weight,
-                           const std::optional<at::Tensor>& bias);
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                       const std::optional<at::Tensor>& bias);
 bool amx_available();

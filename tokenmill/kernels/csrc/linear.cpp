@@ -45,10 +45,7 @@ constexpr int64_t kPrefetchTiles = 2;
 // Eight weights as fp32: loaded, bfloat16 widened, or fp8 codes decoded in registers (their
 // values times 2^-8).
 inline __m256 load_weights(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load_weights(const uint16_t* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
+inline __m256 load_weights(const uint16_t* p) { return bfloat16x8(p); }
 inline __m256 load_weights(const uint8_t* p) { return fp8x8_scaled(p); }
 
 // The last n < 8 weights of a row, zero past them, reading nothing beyond the row.
@@ -192,12 +189,11 @@ void run(const at::Tensor& x, Rows weight, const float* bias, const at::Tensor& 
 
 void skinny_linear_team(const at::Tensor& x, const at::Tensor& weight, const float* bias,
                         const at::Tensor& y) {
+  if (weight.scalar_type() == at::kBFloat16) {
+    run(x, Bfloat16Rows{static_cast<const uint16_t*>(weight.data_ptr()), weight.size(1)}, bias, y);
+    return;
+  }
   run(x, Float32Rows{weight.data_ptr<float>(), weight.size(1)}, bias, y);
-}
-
-void bfloat16_linear_team(const at::Tensor& x, const at::Tensor& weight, const float* bias,
-                          const at::Tensor& y) {
-  run(x, Bfloat16Rows{static_cast<const uint16_t*>(weight.data_ptr()), weight.size(1)}, bias, y);
 }
 
 void fp8_linear_team(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
@@ -209,25 +205,14 @@ void fp8_linear_team(const at::Tensor& x, const at::Tensor& qweight, const at::T
 
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight,
                          const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.is_contiguous(),
-              "linear: weight must be a contiguous float32 [N, K]");
+  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() &&
+                  (weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16),
+              "linear: weight must be a contiguous float32 or bfloat16 [N, K]");
   const int64_t n = weight.size(0), k = weight.size(1);
   const at::Tensor xc = check_linear("linear", x, n, k, bias);
   at::Tensor y = at::empty({xc.size(0), n}, xc.options());
 #pragma omp parallel
   skinny_linear_team(xc, weight, bias ? bias->data_ptr<float>() : nullptr, y);
-  return y;
-}
-
-at::Tensor bfloat16_linear(const at::Tensor& x, const at::Tensor& weight,
-                           const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16 && weight.is_contiguous(),
-              "bfloat16_linear: weight must be a contiguous bfloat16 [N, K]");
-  const int64_t n = weight.size(0), k = weight.size(1);
-  const at::Tensor xc = check_linear("bfloat16_linear", x, n, k, bias);
-  at::Tensor y = at::empty({xc.size(0), n}, xc.options());
-#pragma omp parallel
-  bfloat16_linear_team(xc, weight, bias ? bias->data_ptr<float>() : nullptr, y);
   return y;
 }
 

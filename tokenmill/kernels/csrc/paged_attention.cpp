@@ -54,15 +54,12 @@ __m256 load_code_tail(const typename Codes::Storage* p, int64_t n) {
   return Codes::load8(padded);
 }
 
-// bfloat16: 8 at a time zero-extended to 32 bits and shifted into a float's top half, exactly.
+// bfloat16: 8 at a time widened to floats, exactly (simd.h).
 struct Bfloat16Elements {
   using Storage = uint16_t;
   static constexpr bool kScaled = false;
   static constexpr float kScale = 1.0f;
-  static __m256 load8(const uint16_t* p) {
-    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-  }
+  static __m256 load8(const uint16_t* p) { return bfloat16x8(p); }
   static __m256 load_tail(const uint16_t* p, int64_t n) {
     return load_code_tail<Bfloat16Elements>(p, n);
   }

@@ -30,6 +30,12 @@ inline float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(half);
 }
 
+// Eight bfloat16 values as floats, exactly: a bfloat16 is the top half of a float's bits.
+inline __m256 bfloat16x8(const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
 // e^x in 8 lanes (Cephes' single-precision method: x = n ln2 + r, |r| <= ln2 / 2, a degree-6
 // polynomial for e^r, 2^n built in the exponent bits); about 1e-7 relative error. Inputs below
 // -87.3 give e^-87.3 (~1e-38) instead of a denormal or 0, which no softmax sum notices.

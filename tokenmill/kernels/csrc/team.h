@@ -64,8 +64,9 @@ void paged_decode_attention_team(const at::Tensor& q, const at::Tensor& kv_cache
 // out [R, F] = silu(x[:, :F]) * x[:, F:], both contiguous.
 void silu_and_mul_team(const at::Tensor& x, const at::Tensor& out);
 
-// y [M, N] = x [M, K] W^T + bias (nullptr: none), x and y contiguous. The packed and quantized
-// products also need `scratch`, *_scratch_bytes(M, K) bytes of it, for x in their own layout.
+// y [M, N] = x [M, K] W^T + bias (nullptr: none), x and y contiguous; the skinny kernel's weight
+// is float32 or bfloat16. The packed and quantized products also need `scratch`,
+// *_scratch_bytes(M, K) bytes of it, for x in their own layout.
 void skinny_linear_team(const at::Tensor& x, const at::Tensor& weight, const float* bias,
                         const at::Tensor& y);
 void fp8_linear_team(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
