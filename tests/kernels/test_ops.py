@@ -154,10 +154,10 @@ def test_native_prepacked_weight_serves_only_inference_batches_up_to_its_limit(
 @pytest.mark.parametrize("k", [1, 7, 64, 577])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_native_packed_linear_matches_f_linear_for_odd_shapes(k: int, with_bias: bool) -> None:
-    """Row counts of the narrow tiles, around the 6-row tile and the 96-row pass; N around the
-    16-output panel and the narrow tiles' groups of panels."""
+    """Row counts of the narrow tiles, around the 6-row chunk, the 12-row zmm tile and the 96-row
+    pass; N around the 16-output panel and the narrow tiles' groups of panels."""
     gen = torch.Generator().manual_seed(k)
-    for m in (1, 2, 3, 4, 5, 6, 7, 33, 95, 96, 97, 200, ops.PREPACKED_MAX_ROWS):
+    for m in (1, 2, 3, 4, 5, 6, 7, 9, 12, 33, 95, 96, 97, 200, ops.PREPACKED_MAX_ROWS):
         for n in (1, 15, 16, 17, 70, 129):
             x, weight = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
             bias = torch.randn(n, generator=gen) if with_bias else None
@@ -175,7 +175,7 @@ def test_native_packed_linear_gives_a_row_the_same_bits_at_any_batch_size() -> N
     x = torch.randn(130, 200, generator=gen)
     packed = ops._NATIVE.pack_linear_weight(weight)
     full = ops._NATIVE.packed_linear(x, packed, 70, bias)
-    for start, m in ((0, 1), (5, 2), (9, 3), (20, 4), (31, 6), (40, 13), (3, 100)):
+    for start, m in ((0, 1), (5, 2), (9, 3), (20, 4), (31, 6), (50, 9), (40, 13), (3, 100)):
         rows = x[start : start + m].contiguous()
         assert torch.equal(
             ops._NATIVE.packed_linear(rows, packed, 70, bias), full[start : start + m]

@@ -22,11 +22,20 @@
 //
 // On a CPU with AVX-512 (checked once at run time: the build targets AVX2, so one library runs
 // on every CPU here) the tile takes two panels at once, a panel's 16 outputs being one zmm
-// vector: the same 12 accumulators, loads and broadcasts, each FMA twice as wide. Every output
-// lane still runs the same FMAs in the same order of k, so its result is bit-identical to the
-// AVX2 tile's. On a 2-core AVX-512 Xeon, SmolLM2's four layer products took 1.30 ms at 64
-// rows (AVX2 tile 2.05, oneDNN's 512-bit GEMM on its packed copy 1.44) and 0.50 at 16 rows
-// (0.66, 0.57); at 128-256 rows all three are within 10% of each other.
+// vector, and two chunks of x (12 rows, 24 accumulators). Every output lane still runs the same
+// FMAs in the same order of k, so its result is bit-identical to the AVX2 tile's. On a 2-core
+// AVX-512 Xeon, SmolLM2's four layer products took 1.30 ms at 64 rows (AVX2 tile 2.05,
+// oneDNN's 512-bit GEMM on its packed copy 1.44) and 0.50 at 16 rows (0.66, 0.57) with weights
+// in cache, before the two-chunk tile.
+//
+// A decode step's weights come from DRAM, though, and there the tile's wide products were
+// slower than arithmetic and memory would explain: the first tile call over a panel waited on
+// DRAM, the calls after it computed from L2 while DRAM sat idle. Software prefetches
+// (TilePrefetch) now keep the next panels arriving during that arithmetic. All 121 of
+// SmolLM2's products, weights from DRAM, ms (GFLOP/s) before -> after: 8 rows 28.2 -> 23.4,
+// 16 rows 33.4 -> 29.1, 32 rows 48.0 -> 36.7, 64 rows 72.2 (238) -> 57.0 (302), 128 rows
+// 135.5 -> 108.6; with TOKENMILL_AVX512=0 (the AVX2 tile, prefetches only) 4 rows 32.8 -> 26.6,
+// 16 rows 48.6 -> 31.9, 64 rows 103.8 -> 90.3.
 
 #include <ATen/ATen.h>
 
@@ -73,16 +82,47 @@ void store_outputs(__m256 lo, __m256 hi, const PanelBias& bias, float* y, int64_
   std::copy_n(row, valid, y);
 }
 
+constexpr int64_t kLineFloats = 16;  // a 64-byte cache line; a panel is one line per step of k
+// How far ahead of its loads a tile asks for a panel it streams from DRAM: 4 KB, one page.
+constexpr int64_t kStreamAheadFloats = 1024;
+
+// The software prefetches of one tile call. Left to the hardware, a product read a panel from
+// DRAM in its first call and then computed on it from L2 in the others, the memory idle: time
+// was the sum of the two. So the first call over a step's panels (`stream`) asks for each
+// weight line 4 KB ahead of its load, and when several calls share the panels, each also asks,
+// spread over its steps of k, for its share of the next step's panels into L2 (`next`,
+// `lines`), so the DRAM reads of the next panels overlap the arithmetic on these. (Near the end
+// of W the stream's addresses pass its end; a prefetch never faults.) Into L2 for the next
+// panels: asked into L1, they evicted the panels and x in use (64 rows: 64.6 ms against 60.2).
+struct TilePrefetch {
+  bool stream = false;
+  const float* next = nullptr;
+  int64_t lines = 0, k = 1, due = 0;
+
+  // At the step of k that loads `panel_row` of a panel this call streams.
+  [[gnu::always_inline]] void own(const float* panel_row) const {
+    if (stream)
+      _mm_prefetch(reinterpret_cast<const char*>(panel_row + kStreamAheadFloats), _MM_HINT_T0);
+  }
+  // Once per step of k: `lines` lines over `k` steps.
+  [[gnu::always_inline]] void next_step() {
+    for (due += lines; due >= k; due -= k, next += kLineFloats)
+      _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T1);
+  }
+};
+
 // out[i] (i < rows) = 16 outputs of row i of the chunk, from the packed chunk x [K, 6] and
 // panel w [K, 16].
 void tile(const float* x, const float* w, int64_t k, const float* bias, float* y, int64_t ldy,
-          int64_t rows, int64_t valid) {
+          int64_t rows, int64_t valid, TilePrefetch ahead) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
   __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   // Unrolled: the loop's own counter and pointer updates otherwise take issue slots (+10%).
 #pragma GCC unroll 4
   for (int64_t i = 0; i < k; ++i, x += kChunk, w += kPanel) {
     const __m256 w0 = _mm256_load_ps(w), w1 = _mm256_load_ps(w + 8);
+    ahead.own(w);
+    ahead.next_step();
     __m256 a = _mm256_broadcast_ss(x);
     c00 = _mm256_fmadd_ps(a, w0, c00);
     c01 = _mm256_fmadd_ps(a, w1, c01);
@@ -109,45 +149,48 @@ void tile(const float* x, const float* w, int64_t k, const float* bias, float* y
     store_outputs(sums[r][0], sums[r][1], panel, y + r * ldy, valid);
 }
 
-// The tile over panels a and b (adjacent; b's last `valid` outputs real) with zmm vectors.
-[[gnu::target("avx512f,avx512dq")]] void tile_pair(const float* x, const float* a, const float* b,
-                                                   int64_t k, const float* bias, float* y,
-                                                   int64_t ldy, int64_t rows, int64_t valid) {
-  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-  __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-#pragma GCC unroll 4
-  for (int64_t i = 0; i < k; ++i, x += kChunk, a += kPanel, b += kPanel) {
+// The tile over panels a and b (adjacent; b's last `valid` outputs real) with zmm vectors, for
+// `Chunks` chunks of x at once (x[h], rows[h] real rows each): with two, 24 accumulators, and
+// each pair of weight vectors loaded serves 12 rows instead of 6, which took SmolLM2's products
+// at 64 rows, weights in cache, from 240-290 to 300-350 GFLOP/s. Arrays are fine here: fully
+// unrolled, GCC keeps all 24 in registers.
+template <int Chunks>
+[[gnu::target("avx512f,avx512dq")]] void tile_pair(const float* const (&x)[Chunks],
+                                                   const int64_t (&rows)[Chunks], const float* a,
+                                                   const float* b, int64_t k, const float* bias,
+                                                   float* y, int64_t ldy, int64_t valid,
+                                                   TilePrefetch ahead) {
+  __m512 c[Chunks][kChunk][2];
+#pragma GCC unroll 12
+  for (int j = 0; j < Chunks * kChunk; ++j)
+    c[j / kChunk][j % kChunk][0] = c[j / kChunk][j % kChunk][1] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+  for (int64_t i = 0; i < k; ++i, a += kPanel, b += kPanel) {
     const __m512 w0 = _mm512_loadu_ps(a), w1 = _mm512_loadu_ps(b);
-    __m512 v = _mm512_set1_ps(x[0]);
-    c00 = _mm512_fmadd_ps(v, w0, c00);
-    c01 = _mm512_fmadd_ps(v, w1, c01);
-    v = _mm512_set1_ps(x[1]);
-    c10 = _mm512_fmadd_ps(v, w0, c10);
-    c11 = _mm512_fmadd_ps(v, w1, c11);
-    v = _mm512_set1_ps(x[2]);
-    c20 = _mm512_fmadd_ps(v, w0, c20);
-    c21 = _mm512_fmadd_ps(v, w1, c21);
-    v = _mm512_set1_ps(x[3]);
-    c30 = _mm512_fmadd_ps(v, w0, c30);
-    c31 = _mm512_fmadd_ps(v, w1, c31);
-    v = _mm512_set1_ps(x[4]);
-    c40 = _mm512_fmadd_ps(v, w0, c40);
-    c41 = _mm512_fmadd_ps(v, w1, c41);
-    v = _mm512_set1_ps(x[5]);
-    c50 = _mm512_fmadd_ps(v, w0, c50);
-    c51 = _mm512_fmadd_ps(v, w1, c51);
+    ahead.own(a);
+    ahead.own(b);
+    ahead.next_step();
+#pragma GCC unroll 2
+    for (int h = 0; h < Chunks; ++h) {
+#pragma GCC unroll 6
+      for (int r = 0; r < kChunk; ++r) {
+        const __m512 v = _mm512_set1_ps(x[h][i * kChunk + r]);
+        c[h][r][0] = _mm512_fmadd_ps(v, w0, c[h][r][0]);
+        c[h][r][1] = _mm512_fmadd_ps(v, w1, c[h][r][1]);
+      }
+    }
   }
-  const __m512 sums[kChunk][2] = {{c00, c01}, {c10, c11}, {c20, c21},
-                                  {c30, c31}, {c40, c41}, {c50, c51}};
   const PanelBias first = panel_bias(bias, kPanel);
   const PanelBias second = panel_bias(bias == nullptr ? nullptr : bias + kPanel, valid);
-  for (int64_t r = 0; r < rows; ++r) {
-    const __m512 s0 = sums[r][0], s1 = sums[r][1];
-    store_outputs(_mm512_castps512_ps256(s0), _mm512_extractf32x8_ps(s0, 1), first,
-                  y + r * ldy, kPanel);
-    store_outputs(_mm512_castps512_ps256(s1), _mm512_extractf32x8_ps(s1, 1), second,
-                  y + r * ldy + kPanel, valid);
-  }
+  for (int h = 0; h < Chunks; ++h)
+    for (int64_t r = 0; r < rows[h]; ++r) {
+      const __m512 s0 = c[h][r][0], s1 = c[h][r][1];
+      float* out = y + (h * kChunk + r) * ldy;
+      store_outputs(_mm512_castps512_ps256(s0), _mm512_extractf32x8_ps(s0, 1), first, out,
+                    kPanel);
+      store_outputs(_mm512_castps512_ps256(s1), _mm512_extractf32x8_ps(s1, 1), second,
+                    out + kPanel, valid);
+    }
 }
 
 // Panels per step of the wide path: two where tile_pair can run. __builtin_cpu_init first: this
@@ -283,8 +326,11 @@ void packed_linear_team(const at::Tensor& x, const at::Tensor& packed, const flo
   for (int64_t c = 0; c < chunks; ++c)
     pack_rows(xs + c * kChunk * k, std::min(kChunk, m - c * kChunk), k, xp + c * k * kChunk);
   const int64_t steps = (panels + kTilePanels - 1) / kTilePanels;
+  // Chunks of x per tile call: two where the zmm tile runs, which has the registers for them.
+  const int64_t chunks_per_call = kTilePanels;
   for (int64_t first = 0; first < chunks; first += kChunksPerPass) {
     const int64_t last = std::min(chunks, first + kChunksPerPass);
+    const int64_t calls = (last - first + chunks_per_call - 1) / chunks_per_call;
 #pragma omp for schedule(static)
     for (int64_t step = 0; step < steps; ++step) {
       const int64_t p = step * kTilePanels;
@@ -293,14 +339,26 @@ void packed_linear_team(const at::Tensor& x, const at::Tensor& packed, const flo
       const int64_t valid = std::min(kPanel, n - last_panel * kPanel);
       const float* panel = w + p * k * kPanel;
       const float* biases = bias ? bias + p * kPanel : nullptr;
-      for (int64_t c = first; c < last; ++c) {
+      // The next step's panels, one line per step of k each, shared out among the calls.
+      const int64_t next_lines =
+          calls > 1 ? std::clamp<int64_t>(panels - p - kTilePanels, 0, kTilePanels) * k : 0;
+      for (int64_t call = 0; call < calls; ++call) {
+        const int64_t c = first + call * chunks_per_call;
+        const int64_t begin = call * next_lines / calls, end = (call + 1) * next_lines / calls;
+        const TilePrefetch ahead{call == 0, panel + (kTilePanels * k + begin) * kLineFloats,
+                                 end - begin, k};
         const float* xc = xp + c * k * kChunk;
         float* yc = out + c * kChunk * n + p * kPanel;
         const int64_t rows = std::min(kChunk, m - c * kChunk);
-        if (pair)
-          tile_pair(xc, panel, panel + k * kPanel, k, biases, yc, n, rows, valid);
-        else
-          tile(xc, panel, k, biases, yc, n, rows, valid);
+        if (pair && c + 1 < last)
+          tile_pair<2>({xc, xc + k * kChunk}, {rows, std::min(kChunk, m - (c + 1) * kChunk)},
+                       panel, panel + k * kPanel, k, biases, yc, n, valid, ahead);
+        else if (pair)
+          tile_pair<1>({xc}, {rows}, panel, panel + k * kPanel, k, biases, yc, n, valid, ahead);
+        else  // one panel: the AVX2 tile, or the zmm tile's odd last panel, chunk by chunk
+          for (int64_t h = c; h < std::min(last, c + chunks_per_call); ++h)
+            tile(xp + h * k * kChunk, panel, k, biases, out + h * kChunk * n + p * kPanel, n,
+                 std::min(kChunk, m - h * kChunk), valid, h == c ? ahead : TilePrefetch{});
       }
     }
   }
