@@ -31,7 +31,7 @@
 // A decode step's weights come from DRAM, though, and there the tile's wide products were
 // slower than arithmetic and memory would explain: the first tile call over a panel waited on
 // DRAM, the calls after it computed from L2 while DRAM sat idle. Software prefetches
-// (TilePrefetch) now keep the next panels arriving during that arithmetic. All 121 of
+// (prefetch.h) now keep the next panels arriving during that arithmetic. All 121 of
 // SmolLM2's products, weights from DRAM, ms (GFLOP/s) before -> after: 8 rows 28.2 -> 23.4,
 // 16 rows 33.4 -> 29.1, 32 rows 48.0 -> 36.7, 64 rows 72.2 (238) -> 57.0 (302), 128 rows
 // 135.5 -> 108.6; with TOKENMILL_AVX512=0 (the AVX2 tile, prefetches only) 4 rows 32.8 -> 26.6,
@@ -42,6 +42,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "prefetch.h"
 #include "simd.h"
 #include "team.h"
 
@@ -82,46 +83,17 @@ void store_outputs(__m256 lo, __m256 hi, const PanelBias& bias, float* y, int64_
   std::copy_n(row, valid, y);
 }
 
-constexpr int64_t kLineFloats = 16;  // a 64-byte cache line; a panel is one line per step of k
-// How far ahead of its loads a tile asks for a panel it streams from DRAM: 4 KB, one page.
-constexpr int64_t kStreamAheadFloats = 1024;
-
-// The software prefetches of one tile call. Left to the hardware, a product read a panel from
-// DRAM in its first call and then computed on it from L2 in the others, the memory idle: time
-// was the sum of the two. So the first call over a step's panels (`stream`) asks for each
-// weight line 4 KB ahead of its load, and when several calls share the panels, each also asks,
-// spread over its steps of k, for its share of the next step's panels into L2 (`next`,
-// `lines`), so the DRAM reads of the next panels overlap the arithmetic on these. (Near the end
-// of W the stream's addresses pass its end; a prefetch never faults.) Into L2 for the next
-// panels: asked into L1, they evicted the panels and x in use (64 rows: 64.6 ms against 60.2).
-struct TilePrefetch {
-  bool stream = false;
-  const float* next = nullptr;
-  int64_t lines = 0, k = 1, due = 0;
-
-  // At the step of k that loads `panel_row` of a panel this call streams.
-  [[gnu::always_inline]] void own(const float* panel_row) const {
-    if (stream)
-      _mm_prefetch(reinterpret_cast<const char*>(panel_row + kStreamAheadFloats), _MM_HINT_T0);
-  }
-  // Once per step of k: `lines` lines over `k` steps.
-  [[gnu::always_inline]] void next_step() {
-    for (due += lines; due >= k; due -= k, next += kLineFloats)
-      _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T1);
-  }
-};
-
 // out[i] (i < rows) = 16 outputs of row i of the chunk, from the packed chunk x [K, 6] and
 // panel w [K, 16].
 void tile(const float* x, const float* w, int64_t k, const float* bias, float* y, int64_t ldy,
-          int64_t rows, int64_t valid, TilePrefetch ahead) {
+          int64_t rows, int64_t valid, PassPrefetch ahead) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
   __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   // Unrolled: the loop's own counter and pointer updates otherwise take issue slots (+10%).
 #pragma GCC unroll 4
   for (int64_t i = 0; i < k; ++i, x += kChunk, w += kPanel) {
     const __m256 w0 = _mm256_load_ps(w), w1 = _mm256_load_ps(w + 8);
-    ahead.own(w);
+    ahead.own(w, kPanel * sizeof(float));
     ahead.next_step();
     __m256 a = _mm256_broadcast_ss(x);
     c00 = _mm256_fmadd_ps(a, w0, c00);
@@ -159,7 +131,7 @@ template <int Chunks>
                                                    const int64_t (&rows)[Chunks], const float* a,
                                                    const float* b, int64_t k, const float* bias,
                                                    float* y, int64_t ldy, int64_t valid,
-                                                   TilePrefetch ahead) {
+                                                   PassPrefetch ahead) {
   __m512 c[Chunks][kChunk][2];
 #pragma GCC unroll 12
   for (int j = 0; j < Chunks * kChunk; ++j)
@@ -167,8 +139,8 @@ template <int Chunks>
 #pragma GCC unroll 2
   for (int64_t i = 0; i < k; ++i, a += kPanel, b += kPanel) {
     const __m512 w0 = _mm512_loadu_ps(a), w1 = _mm512_loadu_ps(b);
-    ahead.own(a);
-    ahead.own(b);
+    ahead.own(a, kPanel * sizeof(float));
+    ahead.own(b, kPanel * sizeof(float));
     ahead.next_step();
 #pragma GCC unroll 2
     for (int h = 0; h < Chunks; ++h) {
@@ -339,14 +311,14 @@ void packed_linear_team(const at::Tensor& x, const at::Tensor& packed, const flo
       const int64_t valid = std::min(kPanel, n - last_panel * kPanel);
       const float* panel = w + p * k * kPanel;
       const float* biases = bias ? bias + p * kPanel : nullptr;
-      // The next step's panels, one line per step of k each, shared out among the calls.
+      // The next step's panels (a panel is one 64-byte line per step of k), shared out among
+      // the calls when there are several (prefetch.h).
       const int64_t next_lines =
           calls > 1 ? std::clamp<int64_t>(panels - p - kTilePanels, 0, kTilePanels) * k : 0;
       for (int64_t call = 0; call < calls; ++call) {
         const int64_t c = first + call * chunks_per_call;
-        const int64_t begin = call * next_lines / calls, end = (call + 1) * next_lines / calls;
-        const TilePrefetch ahead{call == 0, panel + (kTilePanels * k + begin) * kLineFloats,
-                                 end - begin, k};
+        const PassPrefetch ahead =
+            PassPrefetch::share(call, calls, panel + kTilePanels * k * kPanel, next_lines, k);
         const float* xc = xp + c * k * kChunk;
         float* yc = out + c * kChunk * n + p * kPanel;
         const int64_t rows = std::min(kChunk, m - c * kChunk);
@@ -358,7 +330,7 @@ void packed_linear_team(const at::Tensor& x, const at::Tensor& packed, const flo
         else  // one panel: the AVX2 tile, or the zmm tile's odd last panel, chunk by chunk
           for (int64_t h = c; h < std::min(last, c + chunks_per_call); ++h)
             tile(xp + h * k * kChunk, panel, k, biases, out + h * kChunk * n + p * kPanel, n,
-                 std::min(kChunk, m - h * kChunk), valid, h == c ? ahead : TilePrefetch{});
+                 std::min(kChunk, m - h * kChunk), valid, h == c ? ahead : PassPrefetch{});
       }
     }
   }
