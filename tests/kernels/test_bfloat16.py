@@ -1,5 +1,6 @@
 """The kernels of a bfloat16 model (AMX products, the skinny kernel on bfloat16 weights, paged
-attention over a bfloat16 cache) against float32 math on the same bfloat16 values."""
+attention over a bfloat16 cache, rotary embedding) against float32 math on the same bfloat16
+values."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from torch.nn import functional as F
 
 from tokenmill.kernels import ops
 
+from .test_fused import merged_qkv, q_and_k_views, rope_tables
 from .test_ops import needs_native, random_paged_batch, relative_error
 
 needs_amx = pytest.mark.skipif(
@@ -124,3 +126,30 @@ def test_paged_attention_reads_a_bfloat16_cache_in_place(
         q.float(), kv_cache.float(), tables, lens, 0.125, window
     )
     assert_rounded_from(out, exact)
+
+
+@needs_native
+@pytest.mark.parametrize("tokens", [1, 17, 300])
+def test_native_rotary_rotates_bfloat16_heads_in_float32_and_rounds_once(tokens: int) -> None:
+    """Strided q and k views of a bfloat16 qkv, float32 tables: the float32 rotation of the same
+    values, rounded to bfloat16; v untouched. ops.rotary_embedding takes this kernel too."""
+    torch.manual_seed(tokens)
+    heads, kv_heads, head_dim = 9, 3, 64
+    cos, sin = rope_tables(2048, head_dim)
+    positions = torch.randint(0, 2048, (tokens,))
+    qkv = merged_qkv(tokens, heads, kv_heads, head_dim).bfloat16()
+    exact = qkv.float()
+    ops.rotary_embedding_reference(
+        positions, *q_and_k_views(exact, heads, kv_heads, head_dim), cos, sin
+    )
+    through_ops = qkv.clone()
+    ops._NATIVE.rotary_embedding(
+        positions, *q_and_k_views(qkv, heads, kv_heads, head_dim), cos, sin
+    )
+    ops.rotary_embedding(
+        positions, *q_and_k_views(through_ops, heads, kv_heads, head_dim), cos, sin
+    )
+    v_start = (heads + kv_heads) * head_dim
+    assert_rounded_from(qkv[:, :v_start], exact[:, :v_start])
+    assert torch.equal(qkv[:, v_start:].float(), exact[:, v_start:])
+    assert torch.equal(through_ops, qkv)

@@ -430,13 +430,15 @@ def rotary_embedding(
     column i of cos/sin [max_positions, d/2].
 
     q and k may be strided views (e.g. column slices of the merged qkv output): native writes
-    through any token and head stride as long as each head's d values are contiguous.
+    through any token and head stride as long as each head's d values are contiguous. q and k
+    may be bfloat16 (cos and sin float32): rotated in float32, rounded once, as here.
     """
     if _NATIVE is None or not (
         positions.dtype == torch.int64
         and q.stride(-1) == 1
         and k.stride(-1) == 1
-        and _native_friendly((q, k, cos, sin))
+        and _native_friendly((cos, sin))
+        and (_native_friendly((q, k)) or _native_friendly((q, k), torch.bfloat16))
     ):
         rotary_embedding_reference(positions, q, k, cos, sin)
         return
