@@ -910,7 +910,8 @@ def _quantized_fits(x: torch.Tensor, bias: torch.Tensor | None) -> bool:
 
 def _native_friendly(tensors: tuple[torch.Tensor, ...], dtype: torch.dtype = torch.float32) -> bool:
     """CPU tensors of `dtype` outside autograd: float32 is the case the native kernels implement;
-    a few (a bfloat16 model's products and decode attention) also take bfloat16.
+    a few (a bfloat16 model's products, decode attention and rotary embedding) also take
+    bfloat16.
 
     Runs on every call, so it sticks to the cheapest tensor attributes (`is_cpu`, not `device`).
     """

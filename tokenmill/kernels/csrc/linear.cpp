@@ -94,23 +94,18 @@ void dot_tile(const float* const* x, const W* const* w, int64_t k_len,
     for (int j = 0; j < kWeightRows; ++j) sums[i][j] = horizontal_sum(acc[i][j]);
 }
 
-// A weight in fp32, or as e4m3 codes with a scale per row, which multiplies the row's finished
-// dot products (`output_scale`).
-struct Float32Rows {
-  using Element = float;
-  const float* weight;  // [n, k]
+// A weight of float32 or bfloat16 (uint16_t) elements, or e4m3 codes with a scale per row,
+// which multiplies the row's finished dot products (`output_scale`).
+template <typename T>
+struct PlainRows {
+  using Element = T;
+  const T* weight;  // [n, k]
   int64_t k;
-  const float* row(int64_t r) const { return weight + r * k; }
+  const T* row(int64_t r) const { return weight + r * k; }
   float output_scale(int64_t /*r*/) const { return 1.0f; }
 };
-
-struct Bfloat16Rows {
-  using Element = uint16_t;
-  const uint16_t* weight;  // [n, k]
-  int64_t k;
-  const uint16_t* row(int64_t r) const { return weight + r * k; }
-  float output_scale(int64_t /*r*/) const { return 1.0f; }
-};
+using Float32Rows = PlainRows<float>;
+using Bfloat16Rows = PlainRows<uint16_t>;
 
 struct Fp8Rows {
   using Element = uint8_t;
