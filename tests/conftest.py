@@ -23,6 +23,11 @@ def smollm(smollm_path: Path) -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
+def bf16_smollm(smollm_path: Path) -> LoadedModel:
+    return load_model(str(smollm_path), torch.bfloat16)
+
+
+@pytest.fixture(scope="session")
 def quantized_smollm(smollm_path: Path) -> Callable[[str], LoadedModel]:
     """`quantized_smollm("int4")`: the default model loaded with that quantization."""
     cache: dict[str, LoadedModel] = {}

@@ -4,26 +4,22 @@ near-ties, and do not depend on the batch."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from tokenmill.config import EngineArgs
 from tokenmill.engine.engine import LLMEngine
-from tokenmill.loader.model_loader import LoadedModel, load_model
+from tokenmill.loader.model_loader import LoadedModel
 from tokenmill.sampling.params import SamplingParams
 
 from .test_engine import VARIED_PROMPTS, run_all, tokens
 from .test_kv_cache_dtype import count_near_tie_flips
 
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
-# bfloat16 logits of SmolLM2 come in steps of 1/16 nat near the top tokens; measured on
-# VARIED_PROMPTS, 4 of 16 prompts flip, at bfloat16 gaps of 0, 0, 0.0625 and 0.0625.
-NEAR_TIE_NATS = 0.1
-
-
-@pytest.fixture(scope="module")
-def bf16_smollm(smollm_path) -> LoadedModel:
-    return load_model(str(smollm_path), torch.bfloat16)
+# bfloat16 logits of SmolLM2 come in steps of 1/16 or 1/8 nat near the top tokens (1/8 for
+# logits of 16 to 32), so a tie in float32 can show up to two steps apart. Measured on
+# VARIED_PROMPTS, 4 of 16 prompts flip, at bfloat16 gaps of 0, 0, 0.125 and 0.1875 (at 24
+# tokens, 5 flips against 7 with the earlier bfloat16 kernels, one of those at 0.125).
+NEAR_TIE_NATS = 0.25
 
 
 def make_engine(loaded: LoadedModel, dtype: str) -> LLMEngine:

@@ -1,6 +1,6 @@
 """The kernels of a bfloat16 model (AMX products, the skinny kernel on bfloat16 weights, paged
-attention over a bfloat16 cache, rotary embedding) against float32 math on the same bfloat16
-values."""
+attention over a bfloat16 cache, rotary embedding, RMSNorm, SiLU-and-mul, KV stores) against
+float32 math on the same bfloat16 values, or against torch's own bfloat16 reference."""
 
 from __future__ import annotations
 
@@ -56,6 +56,19 @@ def test_amx_gives_a_row_the_same_bits_at_any_batch_size() -> None:
     for row in (0, 17, 39):
         alone = ops._NATIVE.amx_linear(x[row : row + 1], packed, 100, None)
         assert torch.equal(alone[0], together[row])
+
+
+@needs_amx
+def test_amx_linear_reads_rows_of_a_wider_tensor_where_they_lie() -> None:
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(50, 40, generator=gen).bfloat16()
+    packed = ops._NATIVE.pack_amx_weight(weight)
+    wide = torch.randn(7, 64, generator=gen).bfloat16()
+    rows = wide[:, 8:48]  # row stride 64, not 40
+    assert torch.equal(
+        ops._NATIVE.amx_linear(rows, packed, 50, None),
+        ops._NATIVE.amx_linear(rows.contiguous(), packed, 50, None),
+    )
 
 
 @needs_amx
@@ -153,3 +166,71 @@ def test_native_rotary_rotates_bfloat16_heads_in_float32_and_rounds_once(tokens:
     assert_rounded_from(qkv[:, :v_start], exact[:, :v_start])
     assert torch.equal(qkv[:, v_start:].float(), exact[:, v_start:])
     assert torch.equal(through_ops, qkv)
+
+
+def assert_bfloat16_close(actual: torch.Tensor, expected: torch.Tensor, min_equal: float) -> None:
+    """Both bfloat16: every element within one bfloat16 step of the other (float32 sums in
+    another order can round the other way at a boundary), and at least `min_equal` of them
+    bit-identical."""
+    assert actual.dtype == expected.dtype == torch.bfloat16 and actual.shape == expected.shape
+    step = expected.float().abs() * 2**-7 + 1e-30
+    assert bool(((actual.float() - expected.float()).abs() <= step).all())
+    assert (actual.view(torch.int16) == expected.view(torch.int16)).float().mean() >= min_equal
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 7, 64])
+@pytest.mark.parametrize("dim", [576, 61])
+def test_bfloat16_add_rms_norm_rounds_where_torch_rounds(rows: int, dim: int) -> None:
+    """The residual sum rounds once as `add_` rounds it (the same bits), the output once after
+    the weight as torch's rms_norm rounds it; rows of 576 (SmolLM2) and 61 (a tail of 5)."""
+    torch.manual_seed(rows + dim)
+    x = (torch.randn(rows, dim) * 3).bfloat16()
+    residual = torch.randn(rows, dim).bfloat16()
+    weight = (torch.rand(dim) * 2).bfloat16()
+    native_residual, reference_residual = residual.clone(), residual.clone()
+    normed, new_residual = ops.add_rms_norm(x, native_residual, weight, 1e-5)
+    expected, _ = ops.add_rms_norm_reference(x, reference_residual, weight, 1e-5)
+    assert new_residual is native_residual
+    assert torch.equal(native_residual, reference_residual)
+    assert_bfloat16_close(normed, expected, min_equal=0.99)
+    alone, _ = ops.add_rms_norm(x, None, weight, 1e-5)
+    assert_bfloat16_close(alone, ops.add_rms_norm_reference(x, None, weight, 1e-5)[0], 0.99)
+
+
+@needs_native
+@pytest.mark.parametrize("width", [1536, 13])
+def test_bfloat16_silu_and_mul_rounds_the_activation_before_the_product(width: int) -> None:
+    torch.manual_seed(width)
+    x = (torch.randn(9, 2 * width) * 4).bfloat16()
+    assert_bfloat16_close(ops.silu_and_mul(x), ops.silu_and_mul_reference(x), min_equal=0.99)
+
+
+@needs_native
+def test_bfloat16_store_kv_copies_strided_heads_into_their_slots() -> None:
+    torch.manual_seed(0)
+    heads, kv_heads, head_dim = 9, 3, 64
+    qkv = merged_qkv(5, heads, kv_heads, head_dim).bfloat16()
+    k, v = (
+        qkv[:, start : start + kv_heads * head_dim].view(5, kv_heads, head_dim)
+        for start in (heads * head_dim, (heads + kv_heads) * head_dim)
+    )
+    slots = torch.tensor([3, 17, 0, 40, 41])
+    native = torch.zeros(2, 4, 16, kv_heads, head_dim, dtype=torch.bfloat16)
+    expected = native.clone()
+    ops.store_kv(native, slots, k, v)
+    ops.store_kv_reference(expected, slots, k, v)
+    assert torch.equal(native, expected)
+
+
+@needs_native
+def test_paged_attention_takes_a_bfloat16_query_and_rounds_its_output_once() -> None:
+    """A bfloat16 query gives the float32 query's output (it widens exactly), rounded once."""
+    torch.manual_seed(5)
+    q, kv_cache, tables, lens = random_paged_batch([1, 16, 17, 90], 9, 3)
+    q, kv_cache = q.bfloat16(), kv_cache.bfloat16()
+    out = ops._NATIVE.paged_decode_attention(q, kv_cache, tables, lens, 0.125, 0)
+    widened = ops._NATIVE.paged_decode_attention(q.float(), kv_cache, tables, lens, 0.125, 0)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, widened.bfloat16())
+    with pytest.raises(RuntimeError, match="bfloat16 with a bfloat16 cache"):
+        ops._NATIVE.paged_decode_attention(q, kv_cache.float(), tables, lens, 0.125, 0)

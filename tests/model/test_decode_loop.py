@@ -1,7 +1,7 @@
 """The native decode loop runs the same kernels in the same order as the Python layers: on the
 real models (SmolLM2 and Gemma 3) its tokens and log-probabilities are exactly theirs, for every
-weight format and KV dtype it covers, for speculative verification chunks too; where it has no
-kernel it stays off."""
+weight format, model dtype and KV dtype it covers, for speculative verification chunks too; where
+it has no kernel it stays off."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tokenmill.config import EngineArgs
 from tokenmill.engine.engine import LLMEngine
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.kernels import ops
-from tokenmill.loader.model_loader import LoadedModel
+from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.model.attention import AttentionMetadata
 from tokenmill.model.decode_loop import NativeDecodeLoop
 from tokenmill.sampling.params import SamplingParams
@@ -66,6 +66,27 @@ def test_gemma3_gives_the_python_layers_exact_logprobs(gemma, monkeypatch):
     assert_loops_agree(gemma, VARIED_PROMPTS[:3])
 
 
+needs_amx = pytest.mark.skipif(
+    not ops.amx_available(), reason="a bfloat16 model's loop runs its products on AMX tiles"
+)
+
+
+@needs_amx
+def test_bfloat16_model_gives_the_python_layers_exact_logprobs(bf16_smollm):
+    engine = assert_loops_agree(bf16_smollm, VARIED_PROMPTS[:8], dtype="bfloat16")
+    assert engine.runner.decode_loop.layers.max_tokens == ops.PREPACKED_MAX_ROWS
+
+
+@needs_amx
+def test_bfloat16_gemma3_gives_the_python_layers_exact_logprobs(monkeypatch):
+    """Gemma's norms in bfloat16, and its tanh-GELU taken through torch in the loop too."""
+    gemma = load_model("gemma3-270m", torch.bfloat16)
+    for layer in gemma.model.layers:
+        if layer.self_attn.window is not None:
+            monkeypatch.setattr(layer.self_attn, "window", 8)
+    assert_loops_agree(gemma, VARIED_PROMPTS[:3], dtype="bfloat16")
+
+
 def test_speculative_verification_chunks_run_through_the_loop(smollm, monkeypatch):
     seen: list[int] = []
     original = NativeDecodeLoop.__call__
@@ -100,9 +121,12 @@ def test_applies_to_decodes_and_short_chunks_over_cache_only(smollm, quantized_s
     assert quantized is not None and quantized.layers.max_tokens == ops.QUANT_KERNEL_MAX_ROWS
 
 
-def test_stays_off_where_a_kernel_is_missing(smollm, quantized_smollm, monkeypatch):
+def test_stays_off_where_a_kernel_is_missing(smollm, bf16_smollm, quantized_smollm, monkeypatch):
     assert make_engine(quantized_smollm("smoothquant"), "native").runner.decode_loop is None
     assert make_engine(smollm, "native", kv_cache="none").runner.decode_loop is None
+    for no_kernel in ({"kv_cache_dtype": "int8"}, {"prepack_weights": False}):
+        engine = make_engine(bf16_smollm, "native", dtype="bfloat16", **no_kernel)
+        assert engine.runner.decode_loop is None
     monkeypatch.setattr(ops, "_NATIVE", None)
     assert make_engine(smollm, "native").runner.decode_loop is None
 

@@ -190,15 +190,9 @@ def paged_decode_attention(
     q: [B, H, d]; kv_cache: [2, num_blocks, block_size, kv_heads, d] (K then V);
     block_tables: [B, max_blocks] int32/int64; seq_lens: [B] ints in [1, max_blocks * block_size].
     Returns [B, H, d]. Native reads K and V in place through the block tables (no gather copy);
-    a bfloat16 cache (a bfloat16 model's) too, with q and the output in float32 inside.
+    a bfloat16 model's q and cache too, computing in float32 and rounding the output once.
     """
-    bfloat16 = _native_friendly((q, kv_cache), torch.bfloat16)
-    if _NATIVE is not None and bfloat16 and kv_cache.is_contiguous():
-        out = _NATIVE.paged_decode_attention(
-            q.float(), kv_cache, block_tables, seq_lens, scale, window or 0
-        )
-        return out.to(torch.bfloat16)
-    if _NATIVE is None or not (kv_cache.is_contiguous() and _native_friendly((q, kv_cache))):
+    if _NATIVE is None or not (kv_cache.is_contiguous() and _float32_or_bfloat16((q, kv_cache))):
         return paged_decode_attention_reference(q, kv_cache, block_tables, seq_lens, scale, window)
     return _NATIVE.paged_decode_attention(q, kv_cache, block_tables, seq_lens, scale, window or 0)
 
@@ -253,13 +247,14 @@ def store_kv(
 ) -> None:
     """Writes k and v [T, kv_heads, d] into the cache [2, num_blocks, block_size, kv_heads, d]
     at their flat slots (`slot = block * block_size + offset`, int64 [T]). k and v may be
-    strided views (column slices of the merged qkv output) whose heads are contiguous."""
+    strided views (column slices of the merged qkv output) whose heads are contiguous. The
+    cache, k and v are float32, or (a bfloat16 model's) bfloat16."""
     if _NATIVE is None or not (
         slot_mapping.dtype == torch.int64
         and kv_cache.is_contiguous()
         and k.stride(-1) == 1
         and v.stride(-1) == 1
-        and _native_friendly((kv_cache, k, v))
+        and _float32_or_bfloat16((kv_cache, k, v))
     ):
         store_kv_reference(kv_cache, slot_mapping, k, v)
         return
@@ -398,11 +393,12 @@ def add_rms_norm(
 
     x, residual: [..., D]; weight: [D]. Returns (normed, new_residual); normed is a new tensor.
     On both backends the sum is written into `residual` in place and new_residual *is* that
-    tensor (or `x` itself when residual is None), so the caller just rebinds its residual.
+    tensor (or `x` itself when residual is None), so the caller just rebinds its residual. All
+    float32, or all bfloat16 (computed in float32, rounded where torch's reference rounds).
     """
     tensors = (x, weight) if residual is None else (x, residual, weight)
     if _NATIVE is None or not (
-        (residual is None or residual.is_contiguous()) and _native_friendly(tensors)
+        (residual is None or residual.is_contiguous()) and _float32_or_bfloat16(tensors)
     ):
         return add_rms_norm_reference(x, residual, weight, eps)
     return _NATIVE.add_rms_norm(x, residual, weight, eps), x if residual is None else residual
@@ -438,7 +434,7 @@ def rotary_embedding(
         and q.stride(-1) == 1
         and k.stride(-1) == 1
         and _native_friendly((cos, sin))
-        and (_native_friendly((q, k)) or _native_friendly((q, k), torch.bfloat16))
+        and _float32_or_bfloat16((q, k))
     ):
         rotary_embedding_reference(positions, q, k, cos, sin)
         return
@@ -464,8 +460,9 @@ def rotary_embedding_reference(
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """SwiGLU's activation: x [..., 2F] holds gate then up; returns silu(gate) * up, [..., F]."""
-    if _NATIVE is None or not _native_friendly((x,)):
+    """SwiGLU's activation: x [..., 2F] holds gate then up; returns silu(gate) * up, [..., F].
+    float32 or bfloat16 (silu(gate) rounded before the product, as the reference rounds it)."""
+    if _NATIVE is None or not _float32_or_bfloat16((x,)):
         return silu_and_mul_reference(x)
     return _NATIVE.silu_and_mul(x)
 
@@ -835,11 +832,23 @@ def fp8_linear_kernel(
     return _NATIVE.LinearKernel.fp8(qweight, scales, bias)
 
 
+def amx_bfloat16_linear_kernel(
+    prepacked: torch.Tensor | None, out_features: int, bias: torch.Tensor | None
+) -> object | None:
+    """The native loop's handle on a bfloat16 linear with its AMX tiles (`prepack_linear_weight`
+    on a CPU with AMX); None without them."""
+    if _NATIVE is None or prepacked is None or not amx_available():
+        return None
+    if prepacked.dtype != torch.bfloat16 or not (bias is None or bias.dtype == torch.bfloat16):
+        return None
+    return _NATIVE.LinearKernel.amx_bfloat16(prepacked, out_features, bias)
+
+
 def linear_kernel_max_rows(kernel: Any) -> int:
     """The most rows of x the loop may hand this kernel: wider products run elsewhere (torch's
-    GEMM, or the quantized weights expanded tile by tile). A float32 weight with a packed copy
-    takes what the blocked GEMM takes."""
-    if kernel.kind == "float32" and kernel.has_packed:
+    GEMM, or the quantized weights expanded tile by tile). A float32 weight with a packed copy,
+    and a bfloat16 one on AMX, take what the packed products take."""
+    if (kernel.kind == "float32" and kernel.has_packed) or kernel.kind == "amx_bfloat16":
         return PREPACKED_MAX_ROWS
     return SKINNY_MAX_ROWS if kernel.kind in ("float32", "fp8") else QUANT_KERNEL_MAX_ROWS
 
@@ -910,8 +919,8 @@ def _quantized_fits(x: torch.Tensor, bias: torch.Tensor | None) -> bool:
 
 def _native_friendly(tensors: tuple[torch.Tensor, ...], dtype: torch.dtype = torch.float32) -> bool:
     """CPU tensors of `dtype` outside autograd: float32 is the case the native kernels implement;
-    a few (a bfloat16 model's products, decode attention and rotary embedding) also take
-    bfloat16.
+    a bfloat16 model's kernels (products on AMX, norms, activation, rotary embedding, KV stores
+    and decode attention) also take bfloat16.
 
     Runs on every call, so it sticks to the cheapest tensor attributes (`is_cpu`, not `device`).
     """
@@ -920,3 +929,12 @@ def _native_friendly(tensors: tuple[torch.Tensor, ...], dtype: torch.dtype = tor
         if t.dtype != dtype or not t.is_cpu or (grad_enabled and t.requires_grad):
             return False
     return True
+
+
+def _float32_or_bfloat16(tensors: tuple[torch.Tensor, ...]) -> bool:
+    """`_native_friendly` for kernels that take a float32 or a bfloat16 model's tensors, all of
+    one dtype."""
+    return _native_friendly(tensors, tensors[0].dtype) and tensors[0].dtype in (
+        torch.float32,
+        torch.bfloat16,
+    )

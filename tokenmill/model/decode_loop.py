@@ -4,11 +4,12 @@ At batch 1 the kernels of a SmolLM2 decode step take about 10 ms, and driving th
 (module calls, dispatch checks, views: a dozen calls a layer, 30 layers) added 4 to 8 ms more.
 `NativeDecodeLoop` hands the same kernels, the same weights and the same call order to
 csrc/decode_loop.cpp, so the hidden states are bit-identical to the Python layers' and only the
-host overhead goes, as CUDA graphs take it away on GPUs. It covers what the skinny kernels cover:
+host overhead goes, as CUDA graphs take it away on GPUs. It covers what the native kernels cover:
 Llama-family and Gemma 3 models whose linears are float32, fp8, int8 or int4 (GGUF, GPTQ, AWQ),
-with Gemma's extra norms, sliding windows and tanh-GELU done the Python layers' way; and steps
-whose tokens all attend to cached context (decodes and short speculative chunks), as many as its
-kernels take (32 with float32 or fp8 weights, 64 with int8 / int4). Anything else runs layer by
+or bfloat16 on AMX tiles (with a bfloat16 KV cache), with Gemma's extra norms, sliding windows
+and tanh-GELU done the Python layers' way; and steps whose tokens all attend to cached context
+(decodes and short speculative chunks), as many as its kernels take (32 with plain float32 or
+fp8 weights, 64 with int8 / int4, 256 with packed float32 or AMX). Anything else runs layer by
 layer in Python; `decode_loop="python"` is the baseline it is measured against.
 """
 
@@ -50,6 +51,9 @@ class NativeLayers:
         weights = [_layer_weights(layer) for layer in layers]
         if not weights or any(w is None for w in weights):
             return None
+        bfloat16 = layers[0].input_layernorm.weight.dtype == torch.bfloat16
+        if bfloat16 and any(isinstance(c, QuantizedKVCache) for c in kv_caches):
+            return None  # the loop's int8 / fp8 KV kernels take float32 models only
         first = layers[0]
         attn, mlp = first.self_attn, first.mlp
         loop = ops.decode_loop(
@@ -136,7 +140,8 @@ def run_step(
 
 def _layer_weights(layer: LlamaDecoderLayer | Gemma3DecoderLayer) -> tuple[object, int] | None:
     """A layer's weights for the native loop and the most tokens its kernels take, or None when
-    a linear has no native kernel or a norm is not float32."""
+    a linear has no native kernel or the norms are not of the linears' dtype (float32, or
+    bfloat16 with AMX linears)."""
     attn, mlp = layer.self_attn, layer.mlp
     linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     kernels = [linear.native_kernel() for linear in linears]
@@ -154,7 +159,9 @@ def _layer_weights(layer: LlamaDecoderLayer | Gemma3DecoderLayer) -> tuple[objec
     norms = [n.weight for n in (layer.input_layernorm, mlp_norm, *gemma_norms)]
     if mlp.activation not in ACTIVATIONS or any(k is None for k in kernels):
         return None
-    if any(n.dtype != torch.float32 for n in norms):
+    on_amx = [k.kind == "amx_bfloat16" for k in kernels]
+    dtype = torch.bfloat16 if all(on_amx) else torch.float32
+    if any(on_amx) != all(on_amx) or any(n.dtype != dtype for n in norms):
         return None
     qkv, o, gate_up, down = kernels
     weights = ops.decoder_layer_weights(

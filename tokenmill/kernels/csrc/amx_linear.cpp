@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 
 #include "simd.h"
@@ -108,15 +109,15 @@ bool request_tile_state() {
   _tile_stored(3, sums + kTileRows * 2 * kPanel + kPanel, kSumStride);
 }
 
-// Row r's first `width` (<= 32) outputs: the sums plus the biases, rounded to bfloat16 (to
-// nearest, ties to even, as torch rounds). Every CPU with AMX has AVX512-BF16.
+// Row r's first `width` (<= 32) outputs: the sums plus the biases (none: nullptr), rounded to
+// bfloat16 (to nearest, ties to even, as torch rounds). Every CPU with AMX has AVX512-BF16.
 [[gnu::target("avx512f,avx512bw,avx512vl,avx512bf16")]] void store_row(const float* sums,
                                                               const float* bias, int64_t width,
                                                               uint16_t* out) {
   for (int64_t c = 0; c < width; c += kPanel) {
     const auto lanes = static_cast<__mmask16>((1u << std::min<int64_t>(width - c, kPanel)) - 1);
-    const __m512 v =
-        _mm512_add_ps(_mm512_loadu_ps(sums + c), _mm512_maskz_loadu_ps(lanes, bias + c));
+    __m512 v = _mm512_loadu_ps(sums + c);
+    if (bias != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(lanes, bias + c));
     _mm256_mask_storeu_epi16(out + c, lanes, (__m256i)_mm512_cvtneps_pbh(v));
   }
 }
@@ -142,56 +143,78 @@ at::Tensor pack_amx_weight(const at::Tensor& weight) {
   return padded.view({panels, kPanel, kp / 2, 2}).permute({0, 2, 1, 3}).contiguous();
 }
 
+int64_t amx_linear_scratch_bytes(int64_t m, int64_t k) {
+  const int64_t mp = (m + kRowBlock - 1) / kRowBlock * kRowBlock;
+  return mp * ((k + kDepth - 1) / kDepth * kDepth) * sizeof(uint16_t);
+}
+
+void amx_linear_team(const at::Tensor& x, const at::Tensor& packed, const float* bias,
+                     const at::Tensor& y, void* scratch) {
+  const int64_t m = x.size(0), k = x.size(1), n = y.size(1);
+  const int64_t panels = packed.size(0), kp = packed.size(1) * 2;
+  const int64_t mp = (m + kRowBlock - 1) / kRowBlock * kRowBlock;
+  // x with rows padded to a multiple of 32 and k to the packed depth, zeros past both.
+  auto* xs = static_cast<uint16_t*>(scratch);
+  const auto* x_rows = static_cast<const uint16_t*>(x.data_ptr());
+#pragma omp for schedule(static)
+  for (int64_t r = 0; r < mp; ++r) {
+    uint16_t* row = xs + r * kp;
+    const int64_t copied = r < m ? k : 0;
+    if (copied > 0) std::memcpy(row, x_rows + r * x.stride(0), k * sizeof(uint16_t));
+    std::memset(row + copied, 0, (kp - copied) * sizeof(uint16_t));
+  }
+  const auto* ws = static_cast<const uint16_t*>(packed.data_ptr());
+  auto* ys = static_cast<uint16_t*>(y.data_ptr());
+  const int64_t panel_elements = kp * kPanel;
+  const int64_t passes = (panels + 1) / 2;
+  configure_tiles();
+  alignas(64) float sums[kRowBlock * 2 * kPanel];
+#pragma omp for schedule(static)
+  for (int64_t pass = 0; pass < passes; ++pass) {
+    const int64_t p = 2 * pass;
+    const bool pair = p + 1 < panels;
+    const int64_t n0 = p * kPanel, width = std::min<int64_t>(n - n0, 2 * kPanel);
+    const uint16_t* w0 = ws + p * panel_elements;
+    for (int64_t m0 = 0; m0 < m; m0 += kRowBlock) {
+      const int64_t rows = std::min<int64_t>(m - m0, kRowBlock);
+      tile_pass(xs + m0 * kp, kp, w0, pair ? w0 + panel_elements : w0, pair, rows > kTileRows,
+                sums);
+      for (int64_t r = 0; r < rows; ++r)
+        store_row(sums + r * 2 * kPanel, bias == nullptr ? nullptr : bias + n0, width,
+                  ys + (m0 + r) * n + n0);
+    }
+  }
+  release_tiles();
+}
+
+void check_amx_linear_weight(const char* op, const at::Tensor& packed, int64_t n, int64_t k) {
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 &&
+                  packed.size(2) == kPanel && packed.size(3) == 2 && packed.is_contiguous(),
+              op, ": packed must come from pack_amx_weight");
+  const int64_t panels = packed.size(0), kp = packed.size(1) * 2;
+  TORCH_CHECK(k <= kp && kp - k < kDepth, op, ": x and weight disagree on K");
+  TORCH_CHECK(n > (panels - 1) * kPanel && n <= panels * kPanel, op,
+              ": n does not match the packed weight");
+}
+
 at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                       const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(amx_available(), "amx_linear: this CPU or OS does not provide AMX");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16,
               "amx_linear: x must be bfloat16 [M, K]");
-  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 &&
-                  packed.size(2) == kPanel && packed.size(3) == 2 && packed.is_contiguous(),
-              "amx_linear: packed must come from pack_amx_weight");
-  const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0), kp = packed.size(1) * 2;
-  TORCH_CHECK(k <= kp && kp - k < kDepth, "amx_linear: x and weight disagree on K");
-  TORCH_CHECK(n > (panels - 1) * kPanel && n <= panels * kPanel,
-              "amx_linear: n does not match the packed weight");
+  const int64_t m = x.size(0), k = x.size(1);
+  check_amx_linear_weight("amx_linear", packed, n, k);
   if (bias.has_value())
     TORCH_CHECK(bias->scalar_type() == at::kBFloat16 && bias->is_contiguous() &&
                     bias->numel() == n,
                 "amx_linear: bias must be a contiguous bfloat16 [N]");
-  // x with rows padded to a multiple of 32 and k to the packed depth, zeros past both.
-  const int64_t mp = (m + kRowBlock - 1) / kRowBlock * kRowBlock;
-  at::Tensor xp = at::zeros({mp, kp}, x.options());
-  xp.narrow(0, 0, m).narrow(1, 0, k).copy_(x);
+  const at::Tensor xc = x.stride(1) == 1 ? x : x.contiguous();
   at::Tensor y = at::empty({m, n}, x.options());
-  const auto* xs = static_cast<const uint16_t*>(xp.data_ptr());
-  const auto* ws = static_cast<const uint16_t*>(packed.data_ptr());
-  // The biases widened once, and zeros up to the last panel's end (no bias: all zeros).
-  at::Tensor wide_bias = at::zeros({panels * kPanel}, x.options().dtype(at::kFloat));
-  if (bias) wide_bias.narrow(0, 0, n).copy_(*bias);
-  const float* b = wide_bias.data_ptr<float>();
-  auto* ys = static_cast<uint16_t*>(y.data_ptr());
-  const int64_t panel_elements = kp * kPanel;
-  const int64_t passes = (panels + 1) / 2;
+  const at::Tensor wide_bias = bias ? bias->to(at::kFloat) : at::Tensor();
+  at::Tensor scratch = at::empty({amx_linear_scratch_bytes(m, k)}, x.options().dtype(at::kByte));
 #pragma omp parallel
-  {
-    configure_tiles();
-    alignas(64) float sums[kRowBlock * 2 * kPanel];
-#pragma omp for schedule(static)
-    for (int64_t pass = 0; pass < passes; ++pass) {
-      const int64_t p = 2 * pass;
-      const bool pair = p + 1 < panels;
-      const int64_t n0 = p * kPanel, width = std::min<int64_t>(n - n0, 2 * kPanel);
-      const uint16_t* w0 = ws + p * panel_elements;
-      for (int64_t m0 = 0; m0 < m; m0 += kRowBlock) {
-        const int64_t rows = std::min<int64_t>(m - m0, kRowBlock);
-        tile_pass(xs + m0 * kp, kp, w0, pair ? w0 + panel_elements : w0, pair, rows > kTileRows,
-                  sums);
-        for (int64_t r = 0; r < rows; ++r)
-          store_row(sums + r * 2 * kPanel, b + n0, width, ys + (m0 + r) * n + n0);
-      }
-    }
-    release_tiles();
-  }
+  amx_linear_team(xc, packed, bias ? wide_bias.data_ptr<float>() : nullptr, y,
+                  scratch.data_ptr());
   return y;
 }
 

@@ -92,6 +92,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                    return "int4";
                                  case LinearKernel::Kind::kFp8:
                                    return "fp8";
+                                 case LinearKernel::Kind::kAmxBfloat16:
+                                   return "amx_bfloat16";
                                  default:
                                    return "float32";
                                }
@@ -103,6 +105,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_static("int4", &LinearKernel::int4, py::arg("values"), py::arg("scales"),
                   py::arg("mins"), py::arg("n"), py::arg("group_size"), py::arg("bias"))
       .def_static("fp8", &LinearKernel::fp8, py::arg("qweight"), py::arg("scales"),
+                  py::arg("bias"))
+      .def_static("amx_bfloat16", &LinearKernel::amx_bfloat16, py::arg("packed"), py::arg("n"),
                   py::arg("bias"));
   using OptionalTensor = std::optional<at::Tensor>;
   py::class_<tokenmill::DecoderLayerWeights>(m, "DecoderLayerWeights")

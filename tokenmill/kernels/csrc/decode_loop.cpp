@@ -50,6 +50,13 @@ LinearKernel LinearKernel::fp8(at::Tensor qweight, at::Tensor scales,
   return {Kind::kFp8, std::move(qweight), std::move(scales), {}, 0, std::move(bias), {}, n};
 }
 
+LinearKernel LinearKernel::amx_bfloat16(at::Tensor packed, int64_t n,
+                                        std::optional<at::Tensor> bias) {
+  TORCH_CHECK(amx_available(), "LinearKernel.amx_bfloat16: this CPU or OS does not provide AMX");
+  if (bias.has_value()) bias = bias->to(at::kFloat).contiguous();
+  return {Kind::kAmxBfloat16, std::move(packed), {}, {}, 0, std::move(bias), {}, n};
+}
+
 void LinearKernel::check(const std::string& name, int64_t k, int64_t n) const {
   const char* op = name.c_str();
   TORCH_CHECK(out_features == n, op, ": has ", out_features, " outputs, the model needs ", n);
@@ -71,6 +78,8 @@ void LinearKernel::check(const std::string& name, int64_t k, int64_t n) const {
       check_fp8_weight(op, weight, scales);
       TORCH_CHECK(weight.size(1) == k, op, ": weight must have ", k, " inputs");
       return;
+    case Kind::kAmxBfloat16:
+      return check_amx_linear_weight(op, weight, n, k);
   }
 }
 
@@ -84,6 +93,8 @@ int64_t LinearKernel::scratch_bytes(int64_t m, int64_t k) const {
       return int4_linear_scratch_bytes(m, k);
     case Kind::kFp8:
       return 0;
+    case Kind::kAmxBfloat16:
+      return amx_linear_scratch_bytes(m, k);
   }
   return 0;
 }
@@ -100,23 +111,30 @@ void LinearKernel::run(const at::Tensor& x, const at::Tensor& y, void* scratch) 
       return int4_linear_team(x, weight, scales, mins, group_size, b, y, scratch);
     case Kind::kFp8:
       return fp8_linear_team(x, weight, scales, b, y);
+    case Kind::kAmxBfloat16:
+      return amx_linear_team(x, weight, b, y, scratch);
   }
 }
 
 namespace {
 
-// Throws unless `norm` is a contiguous float32 vector of n weights (or undefined, when optional).
-void check_norm(const at::Tensor& norm, int64_t n, const std::string& name, bool optional) {
+// Throws unless `norm` is a contiguous vector of n weights of the model's dtype (or undefined,
+// when optional).
+void check_norm(const at::Tensor& norm, int64_t n, at::ScalarType dtype, const std::string& name,
+                bool optional) {
   if (optional && !norm.defined()) return;
-  TORCH_CHECK(norm.defined() && norm.scalar_type() == at::kFloat && norm.is_contiguous() &&
+  TORCH_CHECK(norm.defined() && norm.scalar_type() == dtype && norm.is_contiguous() &&
                   norm.numel() == n,
-              "DecodeLoop: ", name, " must be a contiguous float32 vector of ", n);
+              "DecodeLoop: ", name, " must be a contiguous ", c10::toString(dtype),
+              " vector of ", n);
 }
 
 // Throws unless every cache has the first one's shape and dtype, one per layer, with scales of
-// the matching shape when quantized (kv_scales not empty) and float32 values otherwise.
+// the matching shape when quantized (kv_scales not empty, float32 models only) and values of
+// the model's dtype otherwise.
 void check_caches(const std::vector<at::Tensor>& kv_caches,
-                  const std::vector<at::Tensor>& kv_scales, int64_t num_layers) {
+                  const std::vector<at::Tensor>& kv_scales, int64_t num_layers,
+                  at::ScalarType model_dtype) {
   TORCH_CHECK(static_cast<int64_t>(kv_caches.size()) == num_layers,
               "DecodeLoop: one KV cache per layer");
   const bool quantized = !kv_scales.empty();
@@ -124,8 +142,11 @@ void check_caches(const std::vector<at::Tensor>& kv_caches,
               "DecodeLoop: kv_scales must be empty or one per layer");
   const at::Tensor& first = kv_caches.front();
   const auto dtype = first.scalar_type();
-  TORCH_CHECK(quantized ? dtype == at::kChar || dtype == at::kFloat8_e4m3fn : dtype == at::kFloat,
-              "DecodeLoop: KV caches must be float32, or int8 / float8_e4m3fn with kv_scales");
+  TORCH_CHECK(quantized ? model_dtype == at::kFloat &&
+                              (dtype == at::kChar || dtype == at::kFloat8_e4m3fn)
+                        : dtype == model_dtype,
+              "DecodeLoop: KV caches must have the model's dtype, or (float32 models) be int8 / "
+              "float8_e4m3fn with kv_scales");
   for (int64_t i = 0; i < num_layers; ++i) {
     TORCH_CHECK(kv_caches[i].sizes() == first.sizes() && kv_caches[i].scalar_type() == dtype &&
                     kv_caches[i].is_contiguous(),
@@ -154,6 +175,9 @@ DecodeLoop::DecodeLoop(std::vector<DecoderLayerWeights> layers, int64_t num_head
               "DecodeLoop: num_heads must be a positive multiple of num_kv_heads");
   TORCH_CHECK(!layers_.empty(), "DecodeLoop: no layers");
   hidden_size_ = layers_.front().input_norm.numel();
+  dtype_ = layers_.front().input_norm.scalar_type();
+  TORCH_CHECK(dtype_ == at::kFloat || dtype_ == at::kBFloat16,
+              "DecodeLoop: the norms must be float32 or bfloat16");
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
   const int64_t gated = layers_.front().gate_up.out_features;
   TORCH_CHECK(gated % 2 == 0, "DecodeLoop: gate_up must have an even number of outputs");
@@ -161,12 +185,15 @@ DecodeLoop::DecodeLoop(std::vector<DecoderLayerWeights> layers, int64_t num_head
   for (size_t i = 0; i < layers_.size(); ++i) {
     const DecoderLayerWeights& layer = layers_[i];
     const std::string name = "DecodeLoop layer " + std::to_string(i) + " ";
-    check_norm(layer.input_norm, hidden_size_, name + "input_norm", false);
-    check_norm(layer.mlp_norm, hidden_size_, name + "mlp_norm", false);
-    check_norm(layer.q_norm, head_dim, name + "q_norm", !layer.k_norm.defined());
-    check_norm(layer.k_norm, head_dim, name + "k_norm", !layer.q_norm.defined());
-    check_norm(layer.attention_out_norm, hidden_size_, name + "attention_out_norm", true);
-    check_norm(layer.mlp_out_norm, hidden_size_, name + "mlp_out_norm", true);
+    check_norm(layer.input_norm, hidden_size_, dtype_, name + "input_norm", false);
+    check_norm(layer.mlp_norm, hidden_size_, dtype_, name + "mlp_norm", false);
+    check_norm(layer.q_norm, head_dim, dtype_, name + "q_norm", !layer.k_norm.defined());
+    check_norm(layer.k_norm, head_dim, dtype_, name + "k_norm", !layer.q_norm.defined());
+    check_norm(layer.attention_out_norm, hidden_size_, dtype_, name + "attention_out_norm", true);
+    check_norm(layer.mlp_out_norm, hidden_size_, dtype_, name + "mlp_out_norm", true);
+    for (const LinearKernel* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
+      TORCH_CHECK((linear->kind == LinearKernel::Kind::kAmxBfloat16) == (dtype_ == at::kBFloat16),
+                  name, "linears must run on AMX in a bfloat16 model, and only there");
     layer.qkv.check(name + "qkv", hidden_size_, q_size + 2 * kv_size);
     layer.o.check(name + "o", q_size, hidden_size_);
     layer.gate_up.check(name + "gate_up", hidden_size_, gated);
@@ -185,11 +212,12 @@ std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
     const std::vector<at::Tensor>& kv_scales, const at::Tensor& slot_mapping,
     const at::Tensor& block_tables, const at::Tensor& seq_lens) const {
   const auto num_layers = static_cast<int64_t>(layers_.size());
-  check_caches(kv_caches, kv_scales, num_layers);
+  check_caches(kv_caches, kv_scales, num_layers, dtype_);
   const bool quantized = !kv_scales.empty();
   TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) > 0 && hidden.size(1) == hidden_size_ &&
-                  hidden.scalar_type() == at::kFloat,
-              "DecodeLoop: hidden must be float32 [T, ", hidden_size_, "] with T > 0");
+                  hidden.scalar_type() == dtype_,
+              "DecodeLoop: hidden must be ", c10::toString(dtype_), " [T, ", hidden_size_,
+              "] with T > 0");
   const int64_t tokens = hidden.size(0);
   TORCH_CHECK(positions.scalar_type() == at::kLong && positions.numel() == tokens &&
                   slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == tokens,
@@ -205,41 +233,43 @@ std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
   }
 
   // The step's buffers, each reused by every layer.
-  const at::TensorOptions f32 = hidden.options();
+  const at::TensorOptions options = hidden.options();  // the model's dtype: float32 or bfloat16
   const int64_t q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
   const int64_t gated = layers_.front().gate_up.out_features, inner = gated / 2;
   // The residual stream starts as the first layer's input and is updated in place.
   const at::Tensor residual = hidden.contiguous();
-  const at::Tensor normed = at::empty({tokens, hidden_size_}, f32);
-  const at::Tensor qkv = at::empty({tokens, q_size + 2 * kv_size}, f32);
+  const at::Tensor normed = at::empty({tokens, hidden_size_}, options);
+  const at::Tensor qkv = at::empty({tokens, q_size + 2 * kv_size}, options);
   const at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, num_heads_, head_dim_});
   const at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
   const at::Tensor v =
       qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads_, head_dim_});
-  const at::Tensor attended = at::empty({tokens, q_size}, f32);
-  const at::Tensor projected = at::empty({tokens, hidden_size_}, f32);
-  const at::Tensor gate_up = at::empty({tokens, gated}, f32);
-  at::Tensor activated = at::empty({tokens, inner}, f32);  // not const: at::mul_out writes it
-  const at::Tensor down = at::empty({tokens, hidden_size_}, f32);
+  const at::Tensor attended = at::empty({tokens, q_size}, options);
+  const at::Tensor projected = at::empty({tokens, hidden_size_}, options);
+  const at::Tensor gate_up = at::empty({tokens, gated}, options);
+  at::Tensor activated = at::empty({tokens, inner}, options);  // at::mul_out writes it
+  const at::Tensor down = at::empty({tokens, hidden_size_}, options);
   // Gemma's per-head q / k norms and output norms write here.
   const bool gemma = std::any_of(layers_.begin(), layers_.end(), [](const auto& layer) {
     return layer.q_norm.defined() || layer.attention_out_norm.defined() ||
            layer.mlp_out_norm.defined();
   });
-  const at::Tensor q_normed = gemma ? at::empty({tokens, num_heads_, head_dim_}, f32) : q;
-  const at::Tensor k_normed = gemma ? at::empty({tokens, num_kv_heads_, head_dim_}, f32) : k;
-  const at::Tensor post_normed = gemma ? at::empty({tokens, hidden_size_}, f32) : down;
+  const at::Tensor q_normed =
+      gemma ? at::empty({tokens, num_heads_, head_dim_}, options) : q;
+  const at::Tensor k_normed =
+      gemma ? at::empty({tokens, num_kv_heads_, head_dim_}, options) : k;
+  const at::Tensor post_normed = gemma ? at::empty({tokens, hidden_size_}, options) : down;
   int64_t scratch_bytes = 0;
   for (const DecoderLayerWeights& layer : layers_)
     scratch_bytes = std::max({scratch_bytes, layer.qkv.scratch_bytes(tokens, hidden_size_),
                               layer.o.scratch_bytes(tokens, q_size),
                               layer.gate_up.scratch_bytes(tokens, hidden_size_),
                               layer.down.scratch_bytes(tokens, inner)});
-  const at::Tensor scratch_buffer = at::empty({scratch_bytes}, f32.dtype(at::kByte));
+  const at::Tensor scratch_buffer = at::empty({scratch_bytes}, options.dtype(at::kByte));
   void* scratch = scratch_buffer.data_ptr();
   const auto [tables, lens] =
       check_decode_attention("DecodeLoop", q, kv_caches.front(), block_tables, seq_lens);
-  float* residual_ptr = residual.data_ptr<float>();
+  void* residual_ptr = residual.data_ptr();
   const float eps = static_cast<float>(eps_);
 
 #pragma omp parallel

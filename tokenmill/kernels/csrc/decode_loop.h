@@ -15,16 +15,16 @@ namespace tokenmill {
 
 // One linear layer's weights in a format the skinny kernels read, and the kernel to use; a
 // float32 layer may also carry a packed copy (pack_linear_weight), which then serves every
-// product.
+// product. A bfloat16 model's layers run on AMX tiles (pack_amx_weight's copy).
 struct LinearKernel {
-  enum class Kind { kFloat32, kInt8, kInt4, kFp8 };
+  enum class Kind { kFloat32, kInt8, kInt4, kFp8, kAmxBfloat16 };
 
   Kind kind;
-  at::Tensor weight;  // float32 [N, K], fp8 codes [N, K], or int8 / int4 panels
+  at::Tensor weight;  // float32 [N, K], fp8 codes [N, K], int8 / int4 panels, or AMX B tiles
   at::Tensor scales;
   at::Tensor mins;
   int64_t group_size;
-  std::optional<at::Tensor> bias;
+  std::optional<at::Tensor> bias;  // float32 (a bfloat16 layer's, widened once)
   at::Tensor packed;     // float32's packed copy; undefined: none
   int64_t out_features;  // N, which int8 / int4 panels (padded to 8 rows) do not tell
 
@@ -35,6 +35,7 @@ struct LinearKernel {
   static LinearKernel int4(at::Tensor values, at::Tensor scales, at::Tensor mins, int64_t n,
                            int64_t group_size, std::optional<at::Tensor> bias);
   static LinearKernel fp8(at::Tensor qweight, at::Tensor scales, std::optional<at::Tensor> bias);
+  static LinearKernel amx_bfloat16(at::Tensor packed, int64_t n, std::optional<at::Tensor> bias);
 
   // Throws unless the weights hold n outputs of k inputs; `name` says which layer.
   void check(const std::string& name, int64_t k, int64_t n) const;
@@ -47,7 +48,9 @@ struct LinearKernel {
 // One decoder layer: pre-norm, merged q/k/v, attention, output projection, pre-norm, merged
 // gate/up, down. Gemma 3 adds the optional parts: per-head q and k norms and norms of the
 // attention and MLP outputs (undefined tensors for Llama). Each layer has its own rotary table
-// and sliding window (0: the whole context), as Gemma's local and global layers differ.
+// and sliding window (0: the whole context), as Gemma's local and global layers differ. The norms
+// are float32 with float32, fp8 or integer linears and bfloat16 with AMX ones: the model's
+// dtype, which its activations and KV caches then have too.
 struct DecoderLayerWeights {
   at::Tensor input_norm;
   LinearKernel qkv;
@@ -73,7 +76,8 @@ class DecodeLoop {
              int64_t head_dim, double eps, double scale, GatedActivation activation);
 
   // Every layer over `hidden` [T, D], each token attending to its sequence's paged KV: the
-  // caches are float32, or int8 / fp8 codes when `kv_scales` holds their scales. Returns
+  // caches are float32, or int8 / fp8 codes when `kv_scales` holds their scales; a bfloat16
+  // model's hidden states and caches are bfloat16. Returns
   // (last layer's output, residual stream before it), which the final norm adds together.
   std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& hidden, const at::Tensor& positions,
                                          const std::vector<at::Tensor>& kv_caches,
@@ -91,6 +95,7 @@ class DecodeLoop {
   double scale_;
   GatedActivation activation_;
   int64_t hidden_size_;
+  at::ScalarType dtype_;  // the norms', activations' and KV caches' (float32 or bfloat16)
   int64_t max_positions_;  // rows of the shortest rotary table
 };
 

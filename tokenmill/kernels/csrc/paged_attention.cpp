@@ -7,7 +7,8 @@
 // maximum. No context copy and no full score row is ever materialised.
 //
 // A bfloat16 cache (a bfloat16 model's) is read the same way, 8 elements at a time widened to
-// floats (a bfloat16 is the top half of a float), so it streams half of float32's bytes. A
+// floats (a bfloat16 is the top half of a float), so it streams half of float32's bytes; the
+// query may be bfloat16 too, widened as it is read, and the output is then rounded once. A
 // quantized cache (int8 or fp8 e4m3 codes, an fp32 scale per token and KV head) too: 8 codes at a
 // time become 8 floats (a sign extension, or e4m3's bits moved into fp16, fp8.h) and the token's
 // scale multiplies the finished dot product and the value's softmax weight.
@@ -228,8 +229,10 @@ class HeadGroup {
         weights_(heads * (block_size + kKeyTile)) {}
 
   // Starts a new pair; the scale is folded into the query once instead of into every score.
-  void reset(const float* query, float scale) {
-    for (int64_t i = 0; i < heads_ * dim_; ++i) query_[i] = query[i] * scale;
+  // Q: float, or at::BFloat16 (a bfloat16 model's query, widened exactly).
+  template <typename Q>
+  void reset(const Q* query, float scale) {
+    for (int64_t i = 0; i < heads_ * dim_; ++i) query_[i] = static_cast<float>(query[i]) * scale;
     std::fill(acc_.begin(), acc_.end(), 0.0f);
     std::fill(max_.begin(), max_.end(), -std::numeric_limits<float>::infinity());
     std::fill(denom_.begin(), denom_.end(), 0.0f);
@@ -260,10 +263,13 @@ class HeadGroup {
       add_values(cache, block, first, tokens, kv_head, &weight(g, 0), &acc_[g * dim_]);
   }
 
-  void write_output(float* out) const {
+  // A bfloat16 output rounds once, to nearest even, as torch's `.to(torch.bfloat16)` would.
+  template <typename Q>
+  void write_output(Q* out) const {
     for (int64_t g = 0; g < heads_; ++g) {
       const float inv = 1.0f / denom_[g];
-      for (int64_t i = 0; i < dim_; ++i) out[g * dim_ + i] = acc_[g * dim_ + i] * inv;
+      for (int64_t i = 0; i < dim_; ++i)
+        out[g * dim_ + i] = static_cast<Q>(acc_[g * dim_ + i] * inv);
     }
   }
 
@@ -319,10 +325,10 @@ class HeadGroup {
 // columns held in registers, 3.2). One block of prefetch ahead is enough: a block's arithmetic
 // outlasts a DRAM round trip; the first block is requested in one burst, as nothing could
 // overlap it.
-template <typename Cache>
+template <typename Cache, typename Q>
 void attend_heads(HeadGroup* states, const Cache& cache, const int64_t* blocks, int64_t seq_len,
-                  int64_t window, int64_t first_head, int64_t last_head, const float* query,
-                  float scale, float* out, int64_t group_stride) {
+                  int64_t window, int64_t first_head, int64_t last_head, const Q* query,
+                  float scale, Q* out, int64_t group_stride) {
   const int64_t block_size = cache.block_size;
   const int64_t num_used = (seq_len + block_size - 1) / block_size;
   const int64_t start = window > 0 ? std::max<int64_t>(0, seq_len - window) : 0;
@@ -362,17 +368,18 @@ void check_tables(const at::Tensor& tables, const at::Tensor& lens, int64_t bloc
 }
 
 // Every (sequence, KV head) pair of the batch over `cache` into out [B, H, d], contiguous; q is
-// [B, H, d] with contiguous heads and any token stride.
-template <typename Cache>
+// [B, H, d] with contiguous heads and any token stride. Q, q's and out's element: float, or
+// at::BFloat16 (a bfloat16 model's, whose cache is bfloat16 too).
+template <typename Q, typename Cache>
 void attend_batch(const Cache& cache, const at::Tensor& q, const at::Tensor& tables,
                   const at::Tensor& lens, double scale, int64_t window, const at::Tensor& out) {
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2), q_stride = q.stride(0);
   const int64_t kv_heads = cache.kv_heads, block_size = cache.block_size;
   const int64_t group = heads / kv_heads, max_blocks = tables.size(1);
-  const float* q_ptr = q.data_ptr<float>();
+  const Q* q_ptr = q.data_ptr<Q>();
   const int64_t* table = tables.data_ptr<int64_t>();
   const int64_t* len = lens.data_ptr<int64_t>();
-  float* out_ptr = out.data_ptr<float>();
+  Q* out_ptr = out.data_ptr<Q>();
   // A work item is a sequence with all its KV heads, or where that leaves threads idle (a few
   // sequences) a single KV head of one.
   const int64_t heads_per_item = batch >= 4 * omp_get_num_threads() ? kv_heads : 1;
@@ -431,7 +438,9 @@ std::pair<at::Tensor, at::Tensor> check_decode_attention(const char* op, const a
                                                          const at::Tensor& seq_lens) {
   TORCH_CHECK(q.dim() == 3 && cache.dim() == 5 && cache.size(0) == 2, op,
               ": q must be [B, H, d], the cache [2, blocks, block_size, kv_heads, d]");
-  TORCH_CHECK(q.scalar_type() == at::kFloat, op, ": q must be float32");
+  TORCH_CHECK(q.scalar_type() == at::kFloat ||
+                  (q.scalar_type() == at::kBFloat16 && cache.scalar_type() == at::kBFloat16),
+              op, ": q must be float32, or bfloat16 with a bfloat16 cache");
   TORCH_CHECK(cache.is_contiguous(), op, ": the cache must be contiguous");
   TORCH_CHECK(cache.size(4) == q.size(2), op, ": head_dim of q and cache differ");
   TORCH_CHECK(q.size(1) % cache.size(3) == 0, op, ": heads must be a multiple of kv_heads");
@@ -449,7 +458,10 @@ void paged_decode_attention_team(const at::Tensor& q, const at::Tensor& kv_cache
                                  const at::Tensor& lens, double scale, int64_t window,
                                  const at::Tensor& out) {
   with_cache(kv_cache, scales, [&](const auto& cache) {
-    attend_batch(cache, q, tables, lens, scale, window, out);
+    if (q.scalar_type() == at::kBFloat16)
+      attend_batch<at::BFloat16>(cache, q, tables, lens, scale, window, out);
+    else
+      attend_batch<float>(cache, q, tables, lens, scale, window, out);
   });
 }
 

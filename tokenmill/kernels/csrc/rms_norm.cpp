@@ -20,42 +20,57 @@ namespace {
 // OpenMP team costs, so decode (a handful of rows) stays on the calling thread.
 constexpr int64_t kParallelMinElements = 1 << 16;
 
-// The one loop that needs intrinsics: without -ffast-math GCC keeps a float reduction serial.
-float sum_squares(const float* v, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 x = _mm256_loadu_ps(v + i);
-    acc = _mm256_fmadd_ps(x, x, acc);
-  }
-  if (i < n) {
-    const __m256 x = _mm256_maskload_ps(v + i, tail_mask(n - i));
-    acc = _mm256_fmadd_ps(x, x, acc);
-  }
-  return horizontal_sum(acc);
-}
-
 // residual (when given) += x, then out = row * rsqrt(mean(row^2) + eps) * weight, where row is
-// the updated residual or x itself.
-void norm_row(const float* __restrict x, float* __restrict residual,
-              const float* __restrict weight, float eps, int64_t n, float* __restrict out) {
-  if (residual != nullptr)
-    for (int64_t i = 0; i < n; ++i) residual[i] += x[i];
-  const float* row = residual != nullptr ? residual : x;
-  const float scale = 1.0f / std::sqrt(sum_squares(row, n) / static_cast<float>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = row[i] * scale * weight[i];
+// the updated residual or x itself. A bfloat16 row is worked on in float32 and each result rounds
+// once, where torch's reference rounds them: the sum as it joins the residual stream (`add_`),
+// the output after the weight (torch's rms_norm multiplies in float32 and rounds at the end).
+template <typename T>
+void norm_row(const T* __restrict x, T* __restrict residual, const T* __restrict weight,
+              float eps, int64_t n, T* __restrict out) {
+  using L = Lanes<T>;
+  const int64_t whole = n / 8 * 8, tail = n - whole;
+  if (residual != nullptr) {
+    for (int64_t i = 0; i < whole; i += 8)
+      L::store(residual + i, _mm256_add_ps(L::load(residual + i), L::load(x + i)));
+    if (tail > 0) {
+      const __m256 sum =
+          _mm256_add_ps(L::load_tail(residual + whole, tail), L::load_tail(x + whole, tail));
+      L::store_tail(residual + whole, sum, tail);
+    }
+  }
+  const T* row = residual != nullptr ? residual : x;
+  // Without -ffast-math GCC keeps a float reduction serial, hence the explicit lanes.
+  __m256 squares = _mm256_setzero_ps();
+  for (int64_t i = 0; i < whole; i += 8) {
+    const __m256 v = L::load(row + i);
+    squares = _mm256_fmadd_ps(v, v, squares);
+  }
+  if (tail > 0) {
+    const __m256 v = L::load_tail(row + whole, tail);
+    squares = _mm256_fmadd_ps(v, v, squares);
+  }
+  const float scale = 1.0f / std::sqrt(horizontal_sum(squares) / static_cast<float>(n) + eps);
+  const __m256 s = _mm256_set1_ps(scale);
+  for (int64_t i = 0; i < whole; i += 8)
+    L::store(out + i, _mm256_mul_ps(_mm256_mul_ps(L::load(row + i), s), L::load(weight + i)));
+  if (tail > 0)
+    L::store_tail(out + whole,
+                  _mm256_mul_ps(_mm256_mul_ps(L::load_tail(row + whole, tail), s),
+                                L::load_tail(weight + whole, tail)),
+                  tail);
 }
 
-}  // namespace
-
-void add_rms_norm_team(const at::Tensor& x, float* residual, const at::Tensor& weight, float eps,
-                       const at::Tensor& out) {
+// x's rows, T being float or at::BFloat16: x [rows, d] or [T, heads, d] (each row contiguous,
+// any token stride), the residual and the output [rows, d], and the weight [d], all of one type.
+template <typename T>
+void norm_rows(const at::Tensor& x, T* residual, const at::Tensor& weight, float eps,
+               const at::Tensor& out) {
   const int64_t dim = x.size(-1);
   const int64_t per_token = x.dim() == 3 ? x.size(1) : 1;
   const int64_t rows = x.size(0) * per_token, token_stride = x.stride(0);
-  const float* x_ptr = x.data_ptr<float>();
-  const float* w_ptr = weight.data_ptr<float>();
-  float* out_ptr = out.data_ptr<float>();
+  const T* x_ptr = x.data_ptr<T>();
+  const T* w_ptr = weight.data_ptr<T>();
+  T* out_ptr = out.data_ptr<T>();
 #pragma omp for schedule(static)
   for (int64_t r = 0; r < rows; ++r)
     norm_row(x_ptr + r / per_token * token_stride + r % per_token * dim,
@@ -63,15 +78,26 @@ void add_rms_norm_team(const at::Tensor& x, float* residual, const at::Tensor& w
              out_ptr + r * dim);
 }
 
+}  // namespace
+
+void add_rms_norm_team(const at::Tensor& x, void* residual, const at::Tensor& weight, float eps,
+                       const at::Tensor& out) {
+  if (x.scalar_type() == at::kBFloat16)
+    return norm_rows(x, static_cast<at::BFloat16*>(residual), weight, eps, out);
+  norm_rows(x, static_cast<float*>(residual), weight, eps, out);
+}
+
 at::Tensor add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                         const at::Tensor& weight, double eps) {
-  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
-              "add_rms_norm: x and weight must be float32");
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(x.dim() >= 1 && (dtype == at::kFloat || dtype == at::kBFloat16) &&
+                  weight.scalar_type() == dtype,
+              "add_rms_norm: x and weight must be both float32 or both bfloat16");
   const int64_t dim = x.size(-1);
   TORCH_CHECK(weight.numel() == dim, "add_rms_norm: weight must have x.shape[-1] elements");
   if (residual) {
-    TORCH_CHECK(residual->sizes() == x.sizes() && residual->scalar_type() == at::kFloat,
-                "add_rms_norm: residual must be float32 with the shape of x");
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->scalar_type() == dtype,
+                "add_rms_norm: residual must have the shape and dtype of x");
     // Updated in place, so a copy would silently drop the update.
     TORCH_CHECK(residual->is_contiguous(), "add_rms_norm: residual must be contiguous");
   }
@@ -79,7 +105,7 @@ at::Tensor add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& re
   at::Tensor out = at::empty_like(xc);
   const int64_t rows = dim == 0 ? 0 : xc.numel() / dim;
   if (rows == 0) return out;
-  float* res_ptr = residual ? residual->data_ptr<float>() : nullptr;
+  void* res_ptr = residual ? residual->data_ptr() : nullptr;
 #pragma omp parallel if (rows * dim >= kParallelMinElements)
   add_rms_norm_team(xc.view({rows, dim}), res_ptr, wc, static_cast<float>(eps), out);
   return out;

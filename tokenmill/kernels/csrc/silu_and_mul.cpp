@@ -1,5 +1,6 @@
 // SwiGLU's activation, silu(gate) * up over the [T, 2F] output of the merged gate/up projection,
-// in one pass instead of split + silu + mul (three torch dispatches and a temporary).
+// in one pass instead of split + silu + mul (three torch dispatches and a temporary), for a
+// float32 or a bfloat16 model's activations.
 
 #include <ATen/ATen.h>
 
@@ -37,39 +38,47 @@ __m256 exp256(__m256 x) {
 }
 
 // gate / (1 + exp(-gate)) * up, torch's own formula for silu; a true division, not the ~12-bit
-// reciprocal approximation.
+// reciprocal approximation. For bfloat16, silu(gate) rounds to bfloat16 before the product, as
+// torch's reference rounds its F.silu output.
+template <typename T>
 __m256 silu_mul(__m256 gate, __m256 up) {
   const __m256 minus_gate = _mm256_sub_ps(_mm256_setzero_ps(), gate);
   const __m256 denom = _mm256_add_ps(_mm256_set1_ps(1.0f), exp256(minus_gate));
-  return _mm256_mul_ps(_mm256_div_ps(gate, denom), up);
+  return _mm256_mul_ps(Lanes<T>::rounded(_mm256_div_ps(gate, denom)), up);
 }
 
-void silu_mul_row(const float* gate, const float* up, int64_t n, float* out) {
+template <typename T>
+void silu_mul_row(const T* gate, const T* up, int64_t n, T* out) {
+  using L = Lanes<T>;
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(out + i, silu_mul(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
-  if (i < n) {
-    const __m256i mask = tail_mask(n - i);
-    const __m256 v = silu_mul(_mm256_maskload_ps(gate + i, mask), _mm256_maskload_ps(up + i, mask));
-    _mm256_maskstore_ps(out + i, mask, v);
+  for (; i + 8 <= n; i += 8) L::store(out + i, silu_mul<T>(L::load(gate + i), L::load(up + i)));
+  if (i < n)
+    L::store_tail(out + i, silu_mul<T>(L::load_tail(gate + i, n - i), L::load_tail(up + i, n - i)),
+                  n - i);
+}
+
+template <typename T>
+void silu_mul_rows(const at::Tensor& x, const at::Tensor& out) {
+  const int64_t rows = out.size(0), width = out.size(1);
+  const T* x_ptr = x.data_ptr<T>();
+  T* out_ptr = out.data_ptr<T>();
+#pragma omp for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* gate = x_ptr + r * 2 * width;
+    silu_mul_row(gate, gate + width, width, out_ptr + r * width);
   }
 }
 
 }  // namespace
 
 void silu_and_mul_team(const at::Tensor& x, const at::Tensor& out) {
-  const int64_t rows = out.size(0), width = out.size(1);
-  const float* x_ptr = x.data_ptr<float>();
-  float* out_ptr = out.data_ptr<float>();
-#pragma omp for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* gate = x_ptr + r * 2 * width;
-    silu_mul_row(gate, gate + width, width, out_ptr + r * width);
-  }
+  if (x.scalar_type() == at::kBFloat16) return silu_mul_rows<at::BFloat16>(x, out);
+  silu_mul_rows<float>(x, out);
 }
 
 at::Tensor silu_and_mul(const at::Tensor& x) {
-  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == at::kFloat, "silu_and_mul: x must be float32");
+  TORCH_CHECK(x.dim() >= 1 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "silu_and_mul: x must be float32 or bfloat16");
   TORCH_CHECK(x.size(-1) % 2 == 0, "silu_and_mul: x.shape[-1] must be even (gate, then up)");
   const at::Tensor xc = x.contiguous();
   const int64_t width = x.size(-1) / 2;

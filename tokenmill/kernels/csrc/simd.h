@@ -1,6 +1,7 @@
 // AVX2 helpers shared by the kernels: a lane mask for row tails and a horizontal sum.
 #pragma once
 
+#include <c10/util/BFloat16.h>
 #include <immintrin.h>
 
 #include <cstdint>
@@ -35,6 +36,63 @@ inline __m256 bfloat16x8(const uint16_t* p) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
+
+// Eight floats rounded to bfloat16 (to nearest, ties to even; NaN to the quiet NaN c10 makes),
+// as the low 16 bits of each lane packed into 8 uint16.
+inline __m128i round_bfloat16x8(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i top = _mm256_srli_epi32(
+      _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  top = _mm256_blendv_epi8(top, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan));
+  return _mm_packus_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
+}
+
+// Rows of T (float, or at::BFloat16) seen as floats 8 lanes at a time, for the kernels that run
+// both a float32 and a bfloat16 model's activations: loads widen exactly, stores round to
+// nearest even as torch does, and the tail forms touch only the first n < 8 elements.
+// `rounded` is a float as T would hold it, for the places where torch rounds an intermediate.
+template <typename T>
+struct Lanes;
+
+template <>
+struct Lanes<float> {
+  static __m256 load(const float* p) { return _mm256_loadu_ps(p); }
+  static __m256 load_tail(const float* p, int64_t n) {
+    return _mm256_maskload_ps(p, tail_mask(n));
+  }
+  static void store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+  static void store_tail(float* p, __m256 v, int64_t n) {
+    _mm256_maskstore_ps(p, tail_mask(n), v);
+  }
+  static __m256 rounded(__m256 v) { return v; }
+};
+
+template <>
+struct Lanes<c10::BFloat16> {
+  static const uint16_t* bits(const c10::BFloat16* p) {
+    return reinterpret_cast<const uint16_t*>(p);
+  }
+  static __m256 load(const c10::BFloat16* p) { return bfloat16x8(bits(p)); }
+  static __m256 load_tail(const c10::BFloat16* p, int64_t n) {
+    uint16_t padded[8] = {};
+    std::memcpy(padded, p, n * sizeof(uint16_t));
+    return bfloat16x8(padded);
+  }
+  static void store(c10::BFloat16* p, __m256 v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), round_bfloat16x8(v));
+  }
+  static void store_tail(c10::BFloat16* p, __m256 v, int64_t n) {
+    uint16_t padded[8];
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(padded), round_bfloat16x8(v));
+    std::memcpy(p, padded, n * sizeof(uint16_t));
+  }
+  static __m256 rounded(__m256 v) {
+    const __m256i wide = _mm256_cvtepu16_epi32(round_bfloat16x8(v));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+};
 
 // e^x in 8 lanes (Cephes' single-precision method: x = n ln2 + r, |r| <= ln2 / 2, a degree-6
 // polynomial for e^r, 2^n built in the exponent bits); about 1e-7 relative error. Inputs below

@@ -75,8 +75,8 @@ void check_slots(const int64_t* slot, int64_t tokens, int64_t num_slots, const c
 }
 
 // The checks both stores share: a contiguous cache [2, blocks, block_size, kv_heads, d] (floats
-// or codes), float32 k and v [T, kv_heads, d] whose heads are contiguous, and one int64 slot
-// per token, inside the cache. Returns the slots, contiguous.
+// or codes), k and v [T, kv_heads, d] of one dtype whose heads are contiguous, and one int64
+// slot per token, inside the cache. Returns the slots, contiguous.
 at::Tensor check_store(const char* op, const at::Tensor& cache, const at::Tensor& slot_mapping,
                        const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK(cache.dim() == 5 && cache.size(0) == 2 && cache.is_contiguous(), op,
@@ -84,8 +84,7 @@ at::Tensor check_store(const char* op, const at::Tensor& cache, const at::Tensor
   TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes(), op, ": k and v must be [T, kv_heads, d]");
   TORCH_CHECK(cache.size(3) == k.size(1) && cache.size(4) == k.size(2), op,
               ": k's heads and head_dim must match the cache's");
-  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat, op,
-              ": k and v must be float32");
+  TORCH_CHECK(v.scalar_type() == k.scalar_type(), op, ": k and v must have one dtype");
   TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, op, ": each head must be contiguous");
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == k.size(0), op,
               ": slot_mapping must be int64 with one slot per token");
@@ -94,25 +93,27 @@ at::Tensor check_store(const char* op, const at::Tensor& cache, const at::Tensor
   return slots;
 }
 
-void store_float32(const at::Tensor& kv_cache, const int64_t* slot, const at::Tensor& k,
-                   const at::Tensor& v) {
+// Each token's heads copied as they are: T is float, or at::BFloat16 for a bfloat16 model.
+template <typename T>
+void store_plain(const at::Tensor& kv_cache, const int64_t* slot, const at::Tensor& k,
+                 const at::Tensor& v) {
   const int64_t tokens = k.size(0), heads = k.size(1), dim = k.size(2);
   const int64_t num_slots = kv_cache.size(1) * kv_cache.size(2);
-  float* cache = kv_cache.data_ptr<float>();
+  T* cache = kv_cache.data_ptr<T>();
   const int64_t row = heads * dim, half = num_slots * row;
-  const float* sources[2] = {k.data_ptr<float>(), v.data_ptr<float>()};
+  const T* sources[2] = {k.data_ptr<T>(), v.data_ptr<T>()};
   const int64_t token_strides[2] = {k.stride(0), v.stride(0)};
   const int64_t head_strides[2] = {k.stride(1), v.stride(1)};
 #pragma omp for schedule(static)
   for (int64_t t = 0; t < tokens; ++t)
     for (int which = 0; which < 2; ++which) {
-      float* dst = cache + which * half + slot[t] * row;
-      const float* src = sources[which] + t * token_strides[which];
+      T* dst = cache + which * half + slot[t] * row;
+      const T* src = sources[which] + t * token_strides[which];
       if (head_strides[which] == dim) {
-        std::memcpy(dst, src, row * sizeof(float));
+        std::memcpy(dst, src, row * sizeof(T));
       } else {
         for (int64_t h = 0; h < heads; ++h)
-          std::memcpy(dst + h * dim, src + h * head_strides[which], dim * sizeof(float));
+          std::memcpy(dst + h * dim, src + h * head_strides[which], dim * sizeof(T));
       }
     }
 }
@@ -122,8 +123,10 @@ void store_float32(const at::Tensor& kv_cache, const int64_t* slot, const at::Te
 void store_kv_team(const at::Tensor& kv_cache, const at::Tensor* scales, const at::Tensor& slots,
                    const at::Tensor& k, const at::Tensor& v) {
   const int64_t* slot = slots.data_ptr<int64_t>();
-  if (scales == nullptr) {
-    store_float32(kv_cache, slot, k, v);
+  if (scales == nullptr && kv_cache.scalar_type() == at::kBFloat16) {
+    store_plain<at::BFloat16>(kv_cache, slot, k, v);
+  } else if (scales == nullptr) {
+    store_plain<float>(kv_cache, slot, k, v);
   } else if (kv_cache.scalar_type() == at::kChar) {
     store_quantized<Int8Code>(kv_cache, *scales, slot, k, v);
   } else {
@@ -134,7 +137,9 @@ void store_kv_team(const at::Tensor& kv_cache, const at::Tensor* scales, const a
 void store_kv(const at::Tensor& kv_cache, const at::Tensor& slot_mapping, const at::Tensor& k,
               const at::Tensor& v) {
   const at::Tensor slots = check_store("store_kv", kv_cache, slot_mapping, k, v);
-  TORCH_CHECK(kv_cache.scalar_type() == at::kFloat, "store_kv: kv_cache must be float32");
+  TORCH_CHECK((kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kBFloat16) &&
+                  k.scalar_type() == kv_cache.scalar_type(),
+              "store_kv: kv_cache, k and v must be all float32 or all bfloat16");
 #pragma omp parallel if (k.numel() >= kParallelMinElements)
   store_kv_team(kv_cache, nullptr, slots, k, v);
 }
@@ -150,6 +155,7 @@ void store_kv_quantized(const at::Tensor& values, const at::Tensor& scales,
               "kv_heads]");
   TORCH_CHECK(values.scalar_type() == at::kChar || values.scalar_type() == at::kFloat8_e4m3fn,
               "store_kv_quantized: values must be int8 or float8_e4m3fn");
+  TORCH_CHECK(k.scalar_type() == at::kFloat, "store_kv_quantized: k and v must be float32");
 #pragma omp parallel if (k.numel() >= kParallelMinElements)
   store_kv_team(values, &scales, slots, k, v);
 }

@@ -34,34 +34,37 @@ std::pair<at::Tensor, at::Tensor> check_decode_attention(const char* op, const a
 // once and then run many products with it: each throws unless the tensors hold n outputs of k
 // inputs in the layout of their kernel.
 void check_packed_linear_weight(const char* op, const at::Tensor& packed, int64_t n, int64_t k);
+void check_amx_linear_weight(const char* op, const at::Tensor& packed, int64_t n, int64_t k);
 void check_int8_panels(const char* op, const at::Tensor& values, const at::Tensor& scales,
                        int64_t n, int64_t k, int64_t group_size);
 void check_int4_panels(const char* op, const at::Tensor& values, const at::Tensor& scales,
                        const at::Tensor& mins, int64_t n, int64_t k, int64_t group_size);
 
-// out [rows, d] = RMSNorm of x's rows of d floats, x being [rows, d] or [T, heads, d] with each
+// out [rows, d] = RMSNorm of x's rows of d values, x being [rows, d] or [T, heads, d] with each
 // row contiguous and any token stride (q or k heads in the merged qkv output). With a residual
-// [rows, d] (contiguous), residual += x first, and the norm is taken of the sum.
-void add_rms_norm_team(const at::Tensor& x, float* residual, const at::Tensor& weight, float eps,
+// [rows, d] (contiguous), residual += x first, and the norm is taken of the sum. x, the
+// residual, the weight and out are all float32 or all bfloat16.
+void add_rms_norm_team(const at::Tensor& x, void* residual, const at::Tensor& weight, float eps,
                        const at::Tensor& out);
 
 // q [T, H, d] and k [T, KVH, d] rotated in place; positions int64 [T] inside the tables.
 void rotary_embedding_team(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,
                            const at::Tensor& cos, const at::Tensor& sin);
 
-// k and v [T, KVH, d] into their slots (int64 [T]) of a float32 cache, or of an int8 / fp8 one
-// when `scales` is given.
+// k and v [T, KVH, d] into their slots (int64 [T]) of a cache of their own dtype (float32 or
+// bfloat16), or of an int8 / fp8 one when `scales` is given (k and v float32).
 void store_kv_team(const at::Tensor& kv_cache, const at::Tensor* scales, const at::Tensor& slots,
                    const at::Tensor& k, const at::Tensor& v);
 
 // out [B, H * d] (contiguous) = each sequence's query q [B, H, d] (heads contiguous, any token
-// stride) attending to its cached tokens; tables and lens int64 and contiguous.
+// stride) attending to its cached tokens; tables and lens int64 and contiguous. q and out are
+// float32, or bfloat16 over a bfloat16 cache.
 void paged_decode_attention_team(const at::Tensor& q, const at::Tensor& kv_cache,
                                  const at::Tensor* scales, const at::Tensor& tables,
                                  const at::Tensor& lens, double scale, int64_t window,
                                  const at::Tensor& out);
 
-// out [R, F] = silu(x[:, :F]) * x[:, F:], both contiguous.
+// out [R, F] = silu(x[:, :F]) * x[:, F:], both contiguous, both float32 or both bfloat16.
 void silu_and_mul_team(const at::Tensor& x, const at::Tensor& out);
 
 // y [M, N] = x [M, K] W^T + bias (nullptr: none), x and y contiguous; the skinny kernel's weight
@@ -74,6 +77,11 @@ void fp8_linear_team(const at::Tensor& x, const at::Tensor& qweight, const at::T
 int64_t packed_linear_scratch_bytes(int64_t m, int64_t k);
 void packed_linear_team(const at::Tensor& x, const at::Tensor& packed, const float* bias,
                         const at::Tensor& y, void* scratch);
+// A bfloat16 product on AMX tiles (amx_available() must hold): x and y bfloat16, x's rows
+// contiguous, the bias (nullptr: none) float32.
+int64_t amx_linear_scratch_bytes(int64_t m, int64_t k);
+void amx_linear_team(const at::Tensor& x, const at::Tensor& packed, const float* bias,
+                     const at::Tensor& y, void* scratch);
 int64_t int8_linear_scratch_bytes(int64_t m, int64_t k);
 int64_t int4_linear_scratch_bytes(int64_t m, int64_t k);
 void int8_linear_team(const at::Tensor& x, const at::Tensor& values, const at::Tensor& scales,
