@@ -1,8 +1,10 @@
 """How fast the native paged decode attention reads each KV dtype: ms per call.
 
 One decode step's attention for a batch of sequences (SmolLM2's 9 query heads over 3 KV heads,
-head_dim 64) through shuffled block tables, with fp32, int8 and fp8 caches. The dtypes take
-turns, so a slow spell on a shared machine hits them alike; prints the median of the turns.
+head_dim 64) through shuffled block tables, with fp32, bf16 (a bfloat16 model's query too), int8
+and fp8 caches. The dtypes take turns, so a slow spell on a shared machine hits them alike;
+prints the median of the turns. Each dtype has one cache, which may stay in a large L3: a model's
+layers each read their own.
 
     .venv/bin/python scripts/bench_attention_kernels.py --batch 64 --tokens 290 --threads 1
 """
@@ -30,12 +32,14 @@ def attention_calls(batch: int, tokens: int) -> dict[str, Callable[[], torch.Ten
     q = torch.randn(batch, HEADS, HEAD_DIM, generator=gen)
     shape = (2, blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
     fp32 = torch.randn(shape, generator=gen)
+    q16, bf16 = q.bfloat16(), fp32.bfloat16()
     scales = torch.rand(shape[:-1], generator=gen) / 100
     int8 = torch.randint(-127, 128, shape, dtype=torch.int8, generator=gen)
     fp8 = (torch.randn(shape, generator=gen) * 100).to(torch.float8_e4m3fn)
     scale = HEAD_DIM**-0.5
     return {
         "fp32": lambda: ops.paged_decode_attention(q, fp32, tables, lens, scale),
+        "bf16": lambda: ops.paged_decode_attention(q16, bf16, tables, lens, scale),
         "int8": lambda: ops.paged_decode_attention_quantized(q, int8, scales, tables, lens, scale),
         "fp8": lambda: ops.paged_decode_attention_quantized(q, fp8, scales, tables, lens, scale),
     }
