@@ -1,4 +1,5 @@
-// AVX2 helpers shared by the kernels: a lane mask for row tails and a horizontal sum.
+// AVX2 helpers shared by the kernels: lane masks for row tails, horizontal sums, exp, and rows of
+// float32 or bfloat16 seen as float lanes (Lanes<T>).
 #pragma once
 
 #include <c10/util/BFloat16.h>
