@@ -36,16 +36,18 @@ constexpr int64_t kLineBytes = 64;
 }
 
 // How a cache's elements become floats, 8 at a time (load8) or the last n < 8 of a row with
-// zeros after them (load_tail), and whether rows carry a scale (a quantized cache).
-struct Float32Elements {
-  using Storage = float;
+// zeros after them (load_tail), and whether rows carry a scale (a quantized cache). float32 and
+// bfloat16 (widened exactly, simd.h) take Lanes<T>'s loads and no scale.
+template <typename T>
+struct PlainElements {
+  using Storage = T;
   static constexpr bool kScaled = false;
   static constexpr float kScale = 1.0f;
-  static __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-  static __m256 load_tail(const float* p, int64_t n) {
-    return _mm256_maskload_ps(p, tail_mask(n));
-  }
+  static __m256 load8(const T* p) { return Lanes<T>::load(p); }
+  static __m256 load_tail(const T* p, int64_t n) { return Lanes<T>::load_tail(p, n); }
 };
+using Float32Elements = PlainElements<float>;
+using Bfloat16Elements = PlainElements<c10::BFloat16>;
 
 // Codes are copied into a zeroed buffer for a tail: nothing past the row is read.
 template <typename Codes>
@@ -54,17 +56,6 @@ __m256 load_code_tail(const typename Codes::Storage* p, int64_t n) {
   std::copy_n(p, n, padded);
   return Codes::load8(padded);
 }
-
-// bfloat16: 8 at a time widened to floats, exactly (simd.h).
-struct Bfloat16Elements {
-  using Storage = uint16_t;
-  static constexpr bool kScaled = false;
-  static constexpr float kScale = 1.0f;
-  static __m256 load8(const uint16_t* p) { return bfloat16x8(p); }
-  static __m256 load_tail(const uint16_t* p, int64_t n) {
-    return load_code_tail<Bfloat16Elements>(p, n);
-  }
-};
 
 // int8 codes: 8 at a time sign-extended to int32, then converted.
 struct Int8Elements {
@@ -404,7 +395,7 @@ void with_cache(const at::Tensor& kv_cache, const at::Tensor* scales, Body body)
   const int64_t block_size = kv_cache.size(2), kv_heads = kv_cache.size(3), dim = kv_cache.size(4);
   // K and V halves by pointer arithmetic: kv_cache[0] would cost a dispatched select per call.
   if (kv_cache.scalar_type() == at::kBFloat16) {
-    const auto* keys = static_cast<const uint16_t*>(kv_cache.data_ptr());
+    const auto* keys = kv_cache.data_ptr<c10::BFloat16>();
     body(PagedCache<Bfloat16Elements>{keys, keys + kv_cache.stride(0), nullptr, nullptr,
                                       block_size, kv_heads, dim});
     return;
