@@ -1,7 +1,8 @@
-"""The AVX-512 paths (the packed float32 tile two panels wide, the VNNI integer dot products) give
-the AVX2 kernels' bits. The library picks its path once as it loads, so each side runs in a
-process of its own, with TOKENMILL_AVX512=0 for AVX2. On a CPU without AVX-512 both sides run
-AVX2 and the test shows nothing, but still passes."""
+"""The AVX-512 paths against the AVX2 kernels. The packed float32 tile two panels wide and the VNNI
+integer dot products give the AVX2 kernels' bits; paged decode attention, which adds its sums
+in another order on each path, matches the torch reference on both. The library picks its path
+once as it loads, so each side runs in a process of its own, with TOKENMILL_AVX512=0 for AVX2.
+On a CPU without AVX-512 both sides run AVX2 and the tests show nothing, but still pass."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -42,16 +44,71 @@ torch.save(outputs, sys.argv[1])
 """
 
 
-def _products(path: Path, avx512: str) -> list[torch.Tensor]:
+# Decode attention over float32, bfloat16, int8 and fp8 caches for groups of 3, 8 (two runs of
+# the AVX-512 path's 4 heads), 1 and 5 query heads, head dims of 64, 256, 80 and 48 (columns in
+# runs of 64 and of 16), 7 sequences (a work item per KV head) and 14 (per sequence), with and
+# without a sliding window; inputs and outputs saved to argv[1].
+ATTENTION = """
+import sys, torch
+from tokenmill.kernels import ops
+gen = torch.Generator().manual_seed(0)
+native = ops._NATIVE
+cases = []
+for heads, kv_heads, dim, copies in ((9, 3, 64, 1), (9, 3, 64, 2), (8, 1, 256, 1), (6, 6, 80, 2),
+                                     (5, 1, 48, 1)):
+    lens = torch.tensor([1, 15, 16, 17, 33, 100, 190] * copies)
+    blocks = -(-lens // 16)
+    tables = torch.randperm(int(blocks.sum()), generator=gen).view(1, -1)
+    tables = torch.nn.utils.rnn.pad_sequence(tables[0].split(blocks.tolist()), batch_first=True)
+    cache = torch.randn(2, int(blocks.sum()), 16, kv_heads, dim, generator=gen)
+    q = torch.randn(len(lens), heads, dim, generator=gen)
+    codes = {dtype: ops.quantize_kv_reference(cache, dtype)
+             for dtype in (torch.int8, torch.float8_e4m3fn)}
+    for window in (0, 17):
+        outputs = {
+            "float32": native.paged_decode_attention(q, cache, tables, lens, 0.125, window),
+            "bfloat16": native.paged_decode_attention(
+                q.bfloat16(), cache.bfloat16(), tables, lens, 0.125, window),
+        }
+        for dtype, (values, scales) in codes.items():
+            outputs[str(dtype)] = native.paged_decode_attention_quantized(
+                q, values, scales, tables, lens, 0.125, window)
+        cases.append((q, cache, codes, tables, lens, window, outputs))
+torch.save(cases, sys.argv[1])
+"""
+
+
+def _run(script: str, path: Path, avx512: str) -> Any:
     env = {**os.environ, "TOKENMILL_AVX512": avx512}
-    subprocess.run([sys.executable, "-c", PRODUCTS, str(path)], env=env, check=True)
+    subprocess.run([sys.executable, "-c", script, str(path)], env=env, check=True)
     return torch.load(path)
 
 
 @needs_native
 def test_avx512_paths_give_the_avx2_kernels_bits(tmp_path: Path) -> None:
-    avx2 = _products(tmp_path / "avx2.pt", "0")
-    avx512 = _products(tmp_path / "avx512.pt", "1")
+    avx2 = _run(PRODUCTS, tmp_path / "avx2.pt", "0")
+    avx512 = _run(PRODUCTS, tmp_path / "avx512.pt", "1")
     assert len(avx2) == len(avx512) == 21
     for a, b in zip(avx2, avx512, strict=True):
         assert torch.equal(a, b)
+
+
+@needs_native
+@pytest.mark.parametrize("avx512", ["0", "1"], ids=["avx2", "avx512"])
+def test_both_attention_paths_match_the_reference(tmp_path: Path, avx512: str) -> None:
+    cases = _run(ATTENTION, tmp_path / "attention.pt", avx512)
+    assert len(cases) == 10
+    for q, cache, codes, tables, lens, window, outputs in cases:
+        exact = ops.paged_decode_attention_reference(q, cache, tables, lens, 0.125, window)
+        assert (outputs["float32"] - exact).abs().max().item() < 1e-5
+        # A bfloat16 query and cache, widened exactly, give the float32 result rounded once.
+        widened = ops.paged_decode_attention_reference(
+            q.bfloat16().float(), cache.bfloat16().float(), tables, lens, 0.125, window
+        )
+        rounding = widened.abs() * 2.0**-8 + 1e-6
+        assert ((outputs["bfloat16"].float() - widened).abs() <= rounding).all()
+        for dtype, (values, scales) in codes.items():
+            expected = ops.paged_decode_attention_quantized_reference(
+                q, values, scales, tables, lens, 0.125, window
+            )
+            assert (outputs[str(dtype)] - expected).abs().max().item() < 1e-5

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <omp.h>
 #include <vector>
 
@@ -125,8 +126,7 @@ struct PagedCache {
 constexpr int64_t kKeyTile = 4;
 
 // q . k[j] for four key rows, as four lanes. Four accumulators make four independent FMA chains
-// (one chain per dot product stalled on FMA latency, measured), and three horizontal adds
-// reduce all four at once where four separate reductions took four times the shuffles.
+// (one chain per dot product stalled on FMA latency, measured), reduced together (sum4).
 template <typename Cache>
 __m128 score4(const Cache& cache, const float* q, const typename Cache::Row (&k)[kKeyTile]) {
   using E = typename Cache::Elements;
@@ -148,9 +148,7 @@ __m128 score4(const Cache& cache, const float* q, const typename Cache::Row (&k)
     a2 = _mm256_fmadd_ps(qv, E::load_tail(k[2].data + i, n), a2);
     a3 = _mm256_fmadd_ps(qv, E::load_tail(k[3].data + i, n), a3);
   }
-  // [a0 a1 a2 a3] per 128-bit half, then the halves added.
-  const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-  const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  const __m128 sums = sum4(a0, a1, a2, a3);
   if constexpr (E::kScaled)
     return _mm_mul_ps(sums, _mm_setr_ps(k[0].scale, k[1].scale, k[2].scale, k[3].scale));
   return sums;
@@ -198,6 +196,141 @@ void add_values(const Cache& cache, int64_t block, int64_t first, int64_t tokens
   }
 }
 
+// Whether attention takes its AVX-512 path (below) where the head dim is a multiple of 16: the
+// CPU has AVX-512, and TOKENMILL_AVX512 is not "0" (the switch that measures it against the
+// AVX2 path). __builtin_cpu_init first: this runs while the library loads.
+bool wide_attention_usable() {
+  __builtin_cpu_init();
+  return avx512_allowed() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+}
+const bool kWideAttention = wide_attention_usable();
+
+// Query heads that the AVX-512 path runs together over each key and value row.
+constexpr int64_t kWideHeads = 4;
+
+// The AVX-512 path. The AVX2 path above widens every key and value row once per query head that
+// reads it (3 times for SmolLM2's groups of 3), and its vectors hold 8 lanes. With a bfloat16 or
+// 8-bit cache that arithmetic, not memory, bounded attention: over one layer's cache held in
+// L3, bfloat16 took 0.9 ms where the float32 cache, twice the bytes, took 1.0. Here each row is
+// widened once, 16 lanes at a time, for up to kWideHeads query heads whose products stay in
+// registers (4 heads x 4 keys of scores, or 4 heads x 64 columns of values, fit AVX-512's 32).
+// Sums are added in another order than the AVX2 path's, so the two differ in the last bits.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl")
+namespace wide {
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  return bfloat16x16(reinterpret_cast<const uint16_t*>(p));
+}
+inline __m512 load16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m512 load16(const uint8_t* p) { return fp8x16_scaled(p); }  // times Fp8Elements::kScale
+
+inline __m256 halves_added(__m512 v) {
+  return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+}
+
+// H query heads' (rows of `q`, pre-scaled) scores against four key rows, into columns [0, 4) of
+// the heads' weight rows (`weights`, `stride` apart).
+template <int H, typename Cache>
+[[gnu::always_inline]] inline void score4(const Cache& cache, const float* q,
+                                          const typename Cache::Row (&k)[kKeyTile],
+                                          float* weights, int64_t stride) {
+  const int64_t dim = cache.head_dim;
+  __m512 acc[H][kKeyTile];
+  for (int g = 0; g < H; ++g)
+    for (int j = 0; j < kKeyTile; ++j) acc[g][j] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < dim; i += 16) {
+    __m512 keys[kKeyTile];
+    for (int j = 0; j < kKeyTile; ++j) keys[j] = load16(k[j].data + i);
+    for (int g = 0; g < H; ++g) {
+      const __m512 qv = _mm512_loadu_ps(q + g * dim + i);
+      for (int j = 0; j < kKeyTile; ++j) acc[g][j] = _mm512_fmadd_ps(qv, keys[j], acc[g][j]);
+    }
+  }
+  for (int g = 0; g < H; ++g) {
+    __m128 sums = sum4(halves_added(acc[g][0]), halves_added(acc[g][1]),
+                       halves_added(acc[g][2]), halves_added(acc[g][3]));
+    if constexpr (Cache::Elements::kScaled)
+      sums = _mm_mul_ps(sums, _mm_setr_ps(k[0].scale, k[1].scale, k[2].scale, k[3].scale));
+    _mm_storeu_ps(weights + g * stride, sums);
+  }
+}
+
+// Scores of positions [first, tokens) of one block for H heads, asking for the next block's rows
+// (`next_tokens` of them) one token per token scored, as the AVX2 path does.
+template <int H, typename Cache>
+void score_block(const Cache& cache, int64_t block, int64_t first, int64_t tokens,
+                 int64_t kv_head, const float* q, float* weights, int64_t stride,
+                 int64_t next_block, int64_t next_tokens) {
+  for (int64_t t = first; t < tokens; t += kKeyTile) {
+    typename Cache::Row k[kKeyTile];
+    for (int64_t j = 0; j < kKeyTile; ++j) {
+      if (t + j < next_tokens) cache.prefetch(next_block, t + j, kv_head);
+      k[j] = cache.key(block, std::min(t + j, tokens - 1), kv_head);  // a short tile repeats
+    }
+    score4<H>(cache, q, k, weights + t, stride);
+  }
+}
+
+// acc rows of H heads (`dim` apart), columns [offset, offset + 16 V), += the block's values
+// weighted by each head's weights (rows `stride` apart).
+template <int H, int V, typename Cache>
+[[gnu::always_inline]] inline void value_columns(const Cache& cache, int64_t block,
+                                                 int64_t first, int64_t tokens, int64_t kv_head,
+                                                 const float* weights, int64_t stride,
+                                                 int64_t offset, float* acc) {
+  const int64_t dim = cache.head_dim;
+  __m512 c[H][V];
+  for (int g = 0; g < H; ++g)
+    for (int j = 0; j < V; ++j) c[g][j] = _mm512_loadu_ps(acc + g * dim + offset + 16 * j);
+  for (int64_t t = first; t < tokens; ++t) {
+    const auto v = cache.value(block, t, kv_head);
+    __m512 rows[V];
+    for (int j = 0; j < V; ++j) rows[j] = load16(v.data + offset + 16 * j);
+    for (int g = 0; g < H; ++g) {
+      const __m512 w = _mm512_set1_ps(weights[g * stride + t] * v.scale);
+      for (int j = 0; j < V; ++j) c[g][j] = _mm512_fmadd_ps(w, rows[j], c[g][j]);
+    }
+  }
+  for (int g = 0; g < H; ++g)
+    for (int j = 0; j < V; ++j) _mm512_storeu_ps(acc + g * dim + offset + 16 * j, c[g][j]);
+}
+
+template <int H, typename Cache>
+void add_values(const Cache& cache, int64_t block, int64_t first, int64_t tokens,
+                int64_t kv_head, const float* weights, int64_t stride, float* acc) {
+  const int64_t dim = cache.head_dim;
+  int64_t i = 0;
+  for (; i + 64 <= dim; i += 64)
+    value_columns<H, 4>(cache, block, first, tokens, kv_head, weights, stride, i, acc);
+  for (; i < dim; i += 16)
+    value_columns<H, 1>(cache, block, first, tokens, kv_head, weights, stride, i, acc);
+}
+
+}  // namespace wide
+#pragma GCC pop_options
+
+// body(std::integral_constant<int, n>) for n in [1, kWideHeads].
+template <typename Body>
+void with_head_count(int64_t n, Body body) {
+  switch (n) {
+    case 1:
+      return body(std::integral_constant<int, 1>{});
+    case 2:
+      return body(std::integral_constant<int, 2>{});
+    case 3:
+      return body(std::integral_constant<int, 3>{});
+    default:
+      return body(std::integral_constant<int, kWideHeads>{});
+  }
+}
+
 // Asks for one block's key and value rows of one KV head ahead of use. Blocks sit anywhere in
 // the cache and a pair reads only its head's slice of each token row, so the hardware
 // prefetcher cannot predict these reads (measured: 5.9 -> 4.1 ms at B=64, ~290 tokens).
@@ -215,7 +348,8 @@ template <typename Cache>
 class HeadGroup {
  public:
   HeadGroup(int64_t heads, int64_t head_dim, int64_t block_size)
-      : heads_(heads), dim_(head_dim), block_size_(block_size), query_(heads * head_dim),
+      : heads_(heads), dim_(head_dim), block_size_(block_size),
+        wide_(kWideAttention && head_dim % 16 == 0), query_(heads * head_dim),
         acc_(heads * head_dim), max_(heads), denom_(heads),
         weights_(heads * (block_size + kKeyTile)) {}
 
@@ -234,12 +368,17 @@ class HeadGroup {
   // of them; 0 after the last block) one token per token computed here: spread out this way
   // the requests overlap the arithmetic, where a burst of them for a whole block stalled it
   // (B = 64, 320 tokens: 5.4 -> 3.8 ms, median of alternating runs of both builds). Each key
-  // and value row is loaded once and used by every head of the group while it is in L1:
-  // grouping heads by KV head is what makes GQA cost one read of K and V, not one per query head.
+  // and value row is read from memory once and used by every head of the group while it is in
+  // L1 (on the AVX-512 path, in registers): grouping heads by KV head is what makes GQA cost
+  // one read of K and V, not one per query head.
   template <typename Cache>
   void attend_block(const Cache& cache, int64_t block, int64_t first, int64_t tokens,
                     int64_t kv_head, int64_t next_block, int64_t next_tokens) {
     prefetch_block(cache, next_block, 0, std::min(first, next_tokens), kv_head);
+    if (wide_) {
+      attend_block_wide(cache, block, first, tokens, kv_head, next_block, next_tokens);
+      return;
+    }
     for (int64_t t = first; t < tokens; t += kKeyTile) {
       typename Cache::Row k[kKeyTile];
       for (int64_t j = 0; j < kKeyTile; ++j) {
@@ -267,6 +406,25 @@ class HeadGroup {
  private:
   // A row per head, kKeyTile - 1 longer than a block: a short tile's extra lanes land there.
   float& weight(int64_t g, int64_t t) { return weights_[g * (block_size_ + kKeyTile) + t]; }
+
+  // attend_block on the AVX-512 path: the query heads in runs of up to kWideHeads.
+  template <typename Cache>
+  void attend_block_wide(const Cache& cache, int64_t block, int64_t first, int64_t tokens,
+                         int64_t kv_head, int64_t next_block, int64_t next_tokens) {
+    const int64_t stride = block_size_ + kKeyTile;
+    for (int64_t g = 0; g < heads_; g += kWideHeads)
+      with_head_count(std::min(kWideHeads, heads_ - g), [&](auto count) {
+        wide::score_block<count.value>(cache, block, first, tokens, kv_head, &query_[g * dim_],
+                                       &weight(g, 0), stride, next_block,
+                                       g == 0 ? next_tokens : 0);
+      });
+    for (int64_t g = 0; g < heads_; ++g) rebase(g, first, tokens);
+    for (int64_t g = 0; g < heads_; g += kWideHeads)
+      with_head_count(std::min(kWideHeads, heads_ - g), [&](auto count) {
+        wide::add_values<count.value>(cache, block, first, tokens, kv_head, &weight(g, 0),
+                                      stride, &acc_[g * dim_]);
+      });
+  }
 
   // Moves head g's sums to the maximum including this block's scores (exp(old - new) is 0 on
   // the first block, where old is -inf) and turns the scores into weights exp(s - max), so
@@ -300,6 +458,7 @@ class HeadGroup {
   }
 
   int64_t heads_, dim_, block_size_;
+  bool wide_;                   // the AVX-512 path
   std::vector<float> query_;    // [heads, dim], pre-scaled
   std::vector<float> acc_;      // [heads, dim]: sum over seen positions of exp(s - max) v
   std::vector<float> max_;      // [heads]

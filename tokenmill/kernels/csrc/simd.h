@@ -1,5 +1,5 @@
 // AVX2 helpers shared by the kernels: lane masks for row tails, horizontal sums, exp, and rows of
-// float32 or bfloat16 seen as float lanes (Lanes<T>).
+// float32 or bfloat16 seen as float lanes (Lanes<T>); and a bfloat16 widening for AVX-512 paths.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -36,6 +36,21 @@ inline float horizontal_sum(__m256 v) {
 inline __m256 bfloat16x8(const uint16_t* p) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+// Sixteen bfloat16 values as floats, exactly, for the AVX-512 paths.
+[[gnu::target("avx512f")]] inline __m512 bfloat16x16(const uint16_t* p) {
+  const __m512i wide =
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+// Four float sums of 8 lanes each as the four lanes of one vector: three horizontal adds reduce
+// all four at once, where four separate reductions take four times the shuffles.
+inline __m128 sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  // [a0 a1 a2 a3] per 128-bit half, then the halves added.
+  const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
 // Eight floats rounded to bfloat16 (to nearest, ties to even; NaN to the quiet NaN c10 makes),
