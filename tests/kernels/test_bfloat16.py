@@ -232,5 +232,5 @@ def test_paged_attention_takes_a_bfloat16_query_and_rounds_its_output_once() -> 
     out = ops._NATIVE.paged_decode_attention(q, kv_cache, tables, lens, 0.125, 0)
     widened = ops._NATIVE.paged_decode_attention(q.float(), kv_cache, tables, lens, 0.125, 0)
     assert out.dtype == torch.bfloat16 and torch.equal(out, widened.bfloat16())
-    with pytest.raises(RuntimeError, match="bfloat16 with a bfloat16 cache"):
+    with pytest.raises(RuntimeError, match="bfloat16 with a bfloat16 or 8-bit cache"):
         ops._NATIVE.paged_decode_attention(q, kv_cache.float(), tables, lens, 0.125, 0)

@@ -104,6 +104,46 @@ def test_store_quantizes_each_token_head_into_exactly_its_slot(store, dtype: tor
     assert torch.equal(flat_scales[:, untouched], before_scales.view(2, -1, kv_heads)[:, untouched])
 
 
+@pytest.mark.parametrize("dtype", CODE_DTYPES)
+@pytest.mark.parametrize("store", STORE_BACKENDS)
+def test_a_bfloat16_models_keys_are_quantized_as_their_float32_values(
+    store, dtype: torch.dtype
+) -> None:
+    """A bfloat16 k or v widens exactly, so it gets the codes and scales of its float32 copy."""
+    torch.manual_seed(4)
+    values, scales = quantized_cache(3, 4, 2, 64, dtype)
+    expected_values, expected_scales = values.clone(), scales.clone()
+    slots = torch.tensor([5, 0, 11])
+    k, v = (torch.randn(3, 2, 64).bfloat16() for _ in range(2))
+    store(values, scales, slots, k, v)
+    ops.store_kv_quantized_reference(expected_values, expected_scales, slots, k.float(), v.float())
+    assert torch.equal(values.view(torch.uint8), expected_values.view(torch.uint8))
+    assert torch.equal(scales, expected_scales)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", CODE_DTYPES)
+def test_a_bfloat16_query_over_codes_gives_the_float32_querys_output_rounded_once(
+    dtype: torch.dtype,
+) -> None:
+    torch.manual_seed(6)
+    q, values, scales, tables, lens = random_quantized_batch([1, 16, 17, 90], 9, 3, dtype)
+    q = q.bfloat16()
+    out = ops.paged_decode_attention_quantized(q, values, scales, tables, lens, 0.125)
+    widened = ops._NATIVE.paged_decode_attention_quantized(
+        q.float(), values, scales, tables, lens, 0.125, 0
+    )
+    assert out.dtype == torch.bfloat16 and torch.equal(out, widened.bfloat16())
+    reference = ops.paged_decode_attention_quantized_reference(
+        q, values, scales, tables, lens, 0.125
+    )
+    exact = ops.paged_decode_attention_quantized_reference(
+        q.float(), values, scales, tables, lens, 0.125
+    )
+    assert torch.equal(reference, exact.bfloat16())
+    assert ((out.float() - exact).abs() <= exact.abs() * 2.0**-8 + 1e-6).all()
+
+
 @needs_native
 def test_native_quantized_store_rejects_slots_outside_the_cache() -> None:
     values, scales = quantized_cache(3, 4, 1, 8, torch.int8)

@@ -78,6 +78,16 @@ def test_bfloat16_model_gives_the_python_layers_exact_logprobs(bf16_smollm):
 
 
 @needs_amx
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_bfloat16_model_over_8_bit_kv_gives_the_python_layers_exact_logprobs(
+    bf16_smollm, kv_cache_dtype
+):
+    assert_loops_agree(
+        bf16_smollm, VARIED_PROMPTS[:4], dtype="bfloat16", kv_cache_dtype=kv_cache_dtype
+    )
+
+
+@needs_amx
 def test_bfloat16_gemma3_gives_the_python_layers_exact_logprobs(monkeypatch):
     """Gemma's norms in bfloat16, and its tanh-GELU taken through torch in the loop too."""
     gemma = load_model("gemma3-270m", torch.bfloat16)
@@ -124,9 +134,8 @@ def test_applies_to_decodes_and_short_chunks_over_cache_only(smollm, quantized_s
 def test_stays_off_where_a_kernel_is_missing(smollm, bf16_smollm, quantized_smollm, monkeypatch):
     assert make_engine(quantized_smollm("smoothquant"), "native").runner.decode_loop is None
     assert make_engine(smollm, "native", kv_cache="none").runner.decode_loop is None
-    for no_kernel in ({"kv_cache_dtype": "int8"}, {"prepack_weights": False}):
-        engine = make_engine(bf16_smollm, "native", dtype="bfloat16", **no_kernel)
-        assert engine.runner.decode_loop is None
+    no_amx_tiles = make_engine(bf16_smollm, "native", dtype="bfloat16", prepack_weights=False)
+    assert no_amx_tiles.runner.decode_loop is None
     monkeypatch.setattr(ops, "_NATIVE", None)
     assert make_engine(smollm, "native").runner.decode_loop is None
 

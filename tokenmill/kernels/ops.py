@@ -308,15 +308,17 @@ def store_kv_quantized(
     k: torch.Tensor,
     v: torch.Tensor,
 ) -> None:
-    """`store_kv` into a quantized cache: each token's k and v heads [T, kv_heads, d] are
-    quantized on their own and written with their scales at their flat slots."""
+    """`store_kv` into a quantized cache: each token's k and v heads [T, kv_heads, d] (float32,
+    or a bfloat16 model's) are quantized on their own and written with their scales at their
+    flat slots."""
     if _NATIVE is None or not (
         slot_mapping.dtype == torch.int64
         and values.is_contiguous()
         and scales.is_contiguous()
         and k.stride(-1) == 1
         and v.stride(-1) == 1
-        and _native_friendly((scales, k, v))
+        and _native_friendly((scales,))
+        and _float32_or_bfloat16((k, v))
     ):
         store_kv_quantized_reference(values, scales, slot_mapping, k, v)
         return
@@ -361,9 +363,13 @@ def paged_decode_attention_quantized(
 ) -> torch.Tensor:
     """`paged_decode_attention` over a quantized cache. Native reads the 8-bit codes in place
     and dequantizes them inside the online softmax (code * the token's scale), so a decode
-    streams a quarter of fp32's KV bytes."""
+    streams a quarter of fp32's KV bytes. A bfloat16 q (a bfloat16 model's) gives the float32
+    q's result rounded once, on both paths."""
     if _NATIVE is None or not (
-        values.is_contiguous() and scales.is_contiguous() and _native_friendly((q, scales))
+        values.is_contiguous()
+        and scales.is_contiguous()
+        and _native_friendly((scales,))
+        and _float32_or_bfloat16((q,))
     ):
         return paged_decode_attention_quantized_reference(
             q, values, scales, block_tables, seq_lens, scale, window
@@ -383,7 +389,7 @@ def paged_decode_attention_quantized_reference(
     window: int | None = None,
 ) -> torch.Tensor:
     keys, vals = (gather_blocks_dequantized(values[i], scales[i], block_tables) for i in (0, 1))
-    return _decode_sdpa(q, keys, vals, seq_lens, scale, window)
+    return _decode_sdpa(q.float(), keys, vals, seq_lens, scale, window).to(q.dtype)
 
 
 def add_rms_norm(

@@ -6,11 +6,12 @@ At batch 1 the kernels of a SmolLM2 decode step take about 10 ms, and driving th
 csrc/decode_loop.cpp, so the hidden states are bit-identical to the Python layers' and only the
 host overhead goes, as CUDA graphs take it away on GPUs. It covers what the native kernels cover:
 Llama-family and Gemma 3 models whose linears are float32, fp8, int8 or int4 (GGUF, GPTQ, AWQ),
-or bfloat16 on AMX tiles (with a bfloat16 KV cache), with Gemma's extra norms, sliding windows
-and tanh-GELU done the Python layers' way; and steps whose tokens all attend to cached context
-(decodes and short speculative chunks), as many as its kernels take (32 with plain float32 or
-fp8 weights, 64 with int8 / int4, 256 with packed float32 or AMX). Anything else runs layer by
-layer in Python; `decode_loop="python"` is the baseline it is measured against.
+or bfloat16 on AMX tiles, over a KV cache in the model dtype or int8 / fp8, with Gemma's extra
+norms, sliding windows and tanh-GELU done the Python layers' way; and steps whose tokens all
+attend to cached context (decodes and short speculative chunks), as many as its kernels take (32
+with plain float32 or fp8 weights, 64 with int8 / int4, 256 with packed float32 or AMX).
+Anything else runs layer by layer in Python; `decode_loop="python"` is the baseline it is
+measured against.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class NativeLayers:
         self.loop = loop
         self.max_tokens = max_tokens  # the most tokens a step may have to run here
         self.kv_values = [c.values if isinstance(c, QuantizedKVCache) else c for c in kv_caches]
-        # Empty for float32 caches; the int8 / fp8 caches' scales, one tensor a layer, otherwise.
+        # Empty for caches in the model dtype; else the int8 / fp8 caches' scales, one a layer.
         self.kv_scales = [c.scales for c in kv_caches if isinstance(c, QuantizedKVCache)]
 
     @classmethod
@@ -51,9 +52,6 @@ class NativeLayers:
         weights = [_layer_weights(layer) for layer in layers]
         if not weights or any(w is None for w in weights):
             return None
-        bfloat16 = layers[0].input_layernorm.weight.dtype == torch.bfloat16
-        if bfloat16 and any(isinstance(c, QuantizedKVCache) for c in kv_caches):
-            return None  # the loop's int8 / fp8 KV kernels take float32 models only
         first = layers[0]
         attn, mlp = first.self_attn, first.mlp
         loop = ops.decode_loop(

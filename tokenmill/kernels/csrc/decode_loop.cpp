@@ -130,8 +130,8 @@ void check_norm(const at::Tensor& norm, int64_t n, at::ScalarType dtype, const s
 }
 
 // Throws unless every cache has the first one's shape and dtype, one per layer, with scales of
-// the matching shape when quantized (kv_scales not empty, float32 models only) and values of
-// the model's dtype otherwise.
+// the matching shape when quantized (kv_scales not empty) and values of the model's dtype
+// otherwise.
 void check_caches(const std::vector<at::Tensor>& kv_caches,
                   const std::vector<at::Tensor>& kv_scales, int64_t num_layers,
                   at::ScalarType model_dtype) {
@@ -142,11 +142,10 @@ void check_caches(const std::vector<at::Tensor>& kv_caches,
               "DecodeLoop: kv_scales must be empty or one per layer");
   const at::Tensor& first = kv_caches.front();
   const auto dtype = first.scalar_type();
-  TORCH_CHECK(quantized ? model_dtype == at::kFloat &&
-                              (dtype == at::kChar || dtype == at::kFloat8_e4m3fn)
+  TORCH_CHECK(quantized ? dtype == at::kChar || dtype == at::kFloat8_e4m3fn
                         : dtype == model_dtype,
-              "DecodeLoop: KV caches must have the model's dtype, or (float32 models) be int8 / "
-              "float8_e4m3fn with kv_scales");
+              "DecodeLoop: KV caches must have the model's dtype, or be int8 / float8_e4m3fn "
+              "with kv_scales");
   for (int64_t i = 0; i < num_layers; ++i) {
     TORCH_CHECK(kv_caches[i].sizes() == first.sizes() && kv_caches[i].scalar_type() == dtype &&
                     kv_caches[i].is_contiguous(),

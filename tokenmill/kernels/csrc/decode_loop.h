@@ -76,8 +76,8 @@ class DecodeLoop {
              int64_t head_dim, double eps, double scale, GatedActivation activation);
 
   // Every layer over `hidden` [T, D], each token attending to its sequence's paged KV: the
-  // caches are float32, or int8 / fp8 codes when `kv_scales` holds their scales; a bfloat16
-  // model's hidden states and caches are bfloat16. Returns
+  // caches have the model's dtype (float32, or bfloat16 with the hidden states), or are int8 /
+  // fp8 codes when `kv_scales` holds their scales. Returns
   // (last layer's output, residual stream before it), which the final norm adds together.
   std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& hidden, const at::Tensor& positions,
                                          const std::vector<at::Tensor>& kv_caches,

@@ -519,7 +519,7 @@ void check_tables(const at::Tensor& tables, const at::Tensor& lens, int64_t bloc
 
 // Every (sequence, KV head) pair of the batch over `cache` into out [B, H, d], contiguous; q is
 // [B, H, d] with contiguous heads and any token stride. Q, q's and out's element: float, or
-// at::BFloat16 (a bfloat16 model's, whose cache is bfloat16 too).
+// at::BFloat16 (a bfloat16 model's, whose cache is bfloat16 or 8-bit).
 template <typename Q, typename Cache>
 void attend_batch(const Cache& cache, const at::Tensor& q, const at::Tensor& tables,
                   const at::Tensor& lens, double scale, int64_t window, const at::Tensor& out) {
@@ -589,8 +589,8 @@ std::pair<at::Tensor, at::Tensor> check_decode_attention(const char* op, const a
   TORCH_CHECK(q.dim() == 3 && cache.dim() == 5 && cache.size(0) == 2, op,
               ": q must be [B, H, d], the cache [2, blocks, block_size, kv_heads, d]");
   TORCH_CHECK(q.scalar_type() == at::kFloat ||
-                  (q.scalar_type() == at::kBFloat16 && cache.scalar_type() == at::kBFloat16),
-              op, ": q must be float32, or bfloat16 with a bfloat16 cache");
+                  (q.scalar_type() == at::kBFloat16 && cache.scalar_type() != at::kFloat),
+              op, ": q must be float32, or bfloat16 with a bfloat16 or 8-bit cache");
   TORCH_CHECK(cache.is_contiguous(), op, ": the cache must be contiguous");
   TORCH_CHECK(cache.size(4) == q.size(2), op, ": head_dim of q and cache differ");
   TORCH_CHECK(q.size(1) % cache.size(3) == 0, op, ": heads must be a multiple of kv_heads");

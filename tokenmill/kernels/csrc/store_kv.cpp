@@ -35,24 +35,26 @@ struct Fp8Code {
   static Storage encode(float x) { return c10::Float8_e4m3fn(x).x; }
 };
 
-template <typename Code>
-float quantize_head(const float* x, int64_t dim, typename Code::Storage* codes) {
+// T: float, or at::BFloat16 (a bfloat16 model's k and v, widened exactly, as the reference's
+// `.float()` widens them).
+template <typename Code, typename T>
+float quantize_head(const T* x, int64_t dim, typename Code::Storage* codes) {
   float max_abs = 0.0f;
-  for (int64_t i = 0; i < dim; ++i) max_abs = std::max(max_abs, std::fabs(x[i]));
+  for (int64_t i = 0; i < dim; ++i) max_abs = std::max(max_abs, std::fabs(static_cast<float>(x[i])));
   const float inverse = max_abs > 0.0f ? Code::kMax / max_abs : 0.0f;
   for (int64_t i = 0; i < dim; ++i)
-    codes[i] = Code::encode(std::clamp(x[i] * inverse, -Code::kMax, Code::kMax));
+    codes[i] = Code::encode(std::clamp(static_cast<float>(x[i]) * inverse, -Code::kMax, Code::kMax));
   return max_abs / Code::kMax;
 }
 
-template <typename Code>
+template <typename Code, typename T>
 void store_quantized(const at::Tensor& values, const at::Tensor& scales, const int64_t* slot,
                      const at::Tensor& k, const at::Tensor& v) {
   const int64_t tokens = k.size(0), heads = k.size(1), dim = k.size(2);
   const int64_t num_slots = values.size(1) * values.size(2);
   auto* codes = reinterpret_cast<typename Code::Storage*>(values.data_ptr());
   float* scale = scales.data_ptr<float>();
-  const float* sources[2] = {k.data_ptr<float>(), v.data_ptr<float>()};
+  const T* sources[2] = {k.data_ptr<T>(), v.data_ptr<T>()};
   const int64_t token_strides[2] = {k.stride(0), v.stride(0)};
   const int64_t head_strides[2] = {k.stride(1), v.stride(1)};
 #pragma omp for schedule(static)
@@ -60,7 +62,7 @@ void store_quantized(const at::Tensor& values, const at::Tensor& scales, const i
     for (int which = 0; which < 2; ++which)
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t row = (which * num_slots + slot[t]) * heads + h;
-        scale[row] = quantize_head<Code>(
+        scale[row] = quantize_head<Code, T>(
             sources[which] + t * token_strides[which] + h * head_strides[which], dim,
             codes + row * dim);
       }
@@ -91,6 +93,15 @@ at::Tensor check_store(const char* op, const at::Tensor& cache, const at::Tensor
   at::Tensor slots = slot_mapping.contiguous();
   check_slots(slots.data_ptr<int64_t>(), k.size(0), cache.size(1) * cache.size(2), op);
   return slots;
+}
+
+// body(Int8Code{}) or body(Fp8Code{}), by the dtype of a quantized cache's codes.
+template <typename Body>
+void with_code(const at::Tensor& values, Body body) {
+  if (values.scalar_type() == at::kChar)
+    body(Int8Code{});
+  else
+    body(Fp8Code{});
 }
 
 // Each token's heads copied as they are: T is float, or at::BFloat16 for a bfloat16 model.
@@ -127,10 +138,14 @@ void store_kv_team(const at::Tensor& kv_cache, const at::Tensor* scales, const a
     store_plain<at::BFloat16>(kv_cache, slot, k, v);
   } else if (scales == nullptr) {
     store_plain<float>(kv_cache, slot, k, v);
-  } else if (kv_cache.scalar_type() == at::kChar) {
-    store_quantized<Int8Code>(kv_cache, *scales, slot, k, v);
   } else {
-    store_quantized<Fp8Code>(kv_cache, *scales, slot, k, v);
+    with_code(kv_cache, [&](auto code) {
+      using Code = decltype(code);
+      if (k.scalar_type() == at::kBFloat16)
+        store_quantized<Code, at::BFloat16>(kv_cache, *scales, slot, k, v);
+      else
+        store_quantized<Code, float>(kv_cache, *scales, slot, k, v);
+    });
   }
 }
 
@@ -155,7 +170,8 @@ void store_kv_quantized(const at::Tensor& values, const at::Tensor& scales,
               "kv_heads]");
   TORCH_CHECK(values.scalar_type() == at::kChar || values.scalar_type() == at::kFloat8_e4m3fn,
               "store_kv_quantized: values must be int8 or float8_e4m3fn");
-  TORCH_CHECK(k.scalar_type() == at::kFloat, "store_kv_quantized: k and v must be float32");
+  TORCH_CHECK(k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16,
+              "store_kv_quantized: k and v must be float32 or bfloat16");
 #pragma omp parallel if (k.numel() >= kParallelMinElements)
   store_kv_team(values, &scales, slots, k, v);
 }

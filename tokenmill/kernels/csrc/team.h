@@ -51,14 +51,14 @@ void add_rms_norm_team(const at::Tensor& x, void* residual, const at::Tensor& we
 void rotary_embedding_team(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,
                            const at::Tensor& cos, const at::Tensor& sin);
 
-// k and v [T, KVH, d] into their slots (int64 [T]) of a cache of their own dtype (float32 or
-// bfloat16), or of an int8 / fp8 one when `scales` is given (k and v float32).
+// k and v [T, KVH, d] (float32 or bfloat16) into their slots (int64 [T]) of a cache of their own
+// dtype, or of an int8 / fp8 one when `scales` is given.
 void store_kv_team(const at::Tensor& kv_cache, const at::Tensor* scales, const at::Tensor& slots,
                    const at::Tensor& k, const at::Tensor& v);
 
 // out [B, H * d] (contiguous) = each sequence's query q [B, H, d] (heads contiguous, any token
 // stride) attending to its cached tokens; tables and lens int64 and contiguous. q and out are
-// float32, or bfloat16 over a bfloat16 cache.
+// float32, or bfloat16 over a bfloat16 or 8-bit cache.
 void paged_decode_attention_team(const at::Tensor& q, const at::Tensor& kv_cache,
                                  const at::Tensor* scales, const at::Tensor& tables,
                                  const at::Tensor& lens, double scale, int64_t window,
