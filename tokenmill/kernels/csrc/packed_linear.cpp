@@ -165,16 +165,8 @@ template <int Chunks>
     }
 }
 
-// Panels per step of the wide path: two where tile_pair can run. __builtin_cpu_init first: this
-// runs while the library loads, possibly before libgcc's own initializer has read the CPU.
-int64_t tile_panels() {
-  __builtin_cpu_init();
-  return avx512_allowed() && __builtin_cpu_supports("avx512f") &&
-                 __builtin_cpu_supports("avx512dq")
-             ? 2
-             : 1;
-}
-const int64_t kTilePanels = tile_panels();
+// Panels per step of the wide path: two where tile_pair can run.
+const int64_t kTilePanels = avx512_usable() ? 2 : 1;
 
 // `Rows` (1 to 3) rows of x against Panels adjacent panels, for products too narrow to fill the
 // tile, which would spend most of its FMAs on padding and read one weight stream at a time.

@@ -196,16 +196,9 @@ void add_values(const Cache& cache, int64_t block, int64_t first, int64_t tokens
   }
 }
 
-// Whether attention takes its AVX-512 path (below) where the head dim is a multiple of 16: the
-// CPU has AVX-512, and TOKENMILL_AVX512 is not "0" (the switch that measures it against the
-// AVX2 path). __builtin_cpu_init first: this runs while the library loads.
-bool wide_attention_usable() {
-  __builtin_cpu_init();
-  return avx512_allowed() && __builtin_cpu_supports("avx512f") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl");
-}
-const bool kWideAttention = wide_attention_usable();
+// Whether attention takes its AVX-512 path (below) where the head dim is a multiple of 16
+// (TOKENMILL_AVX512=0 keeps the AVX2 path, the baseline it is measured against).
+const bool kWideAttention = avx512_usable();
 
 // Query heads that the AVX-512 path runs together over each key and value row.
 constexpr int64_t kWideHeads = 4;

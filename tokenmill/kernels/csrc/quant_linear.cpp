@@ -122,15 +122,8 @@ namespace vnni {
 #pragma GCC pop_options
 
 // Whether the VNNI kernels run: the CPU has them, and TOKENMILL_AVX512 is not "0" (the switch
-// that measures them against AVX2 on one machine). __builtin_cpu_init first: this runs while the
-// library loads, possibly before libgcc's own initializer has read the CPU.
-bool vnni_usable() {
-  __builtin_cpu_init();
-  return avx512_allowed() && __builtin_cpu_supports("avx512vnni") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq");
-}
-const bool kUseVnni = vnni_usable();
+// that measures them against AVX2 on one machine).
+const bool kUseVnni = avx512_usable(/*vnni=*/true);
 
 // Checks the panel tensors against the n outputs of k inputs they hold.
 void check_panels(const char* op, const at::Tensor& values, int64_t block_bytes,

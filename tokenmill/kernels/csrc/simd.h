@@ -1,5 +1,6 @@
 // AVX2 helpers shared by the kernels: lane masks for row tails, horizontal sums, exp, and rows of
-// float32 or bfloat16 seen as float lanes (Lanes<T>); and a bfloat16 widening for AVX-512 paths.
+// float32 or bfloat16 seen as float lanes (Lanes<T>); and for the AVX-512 paths, the check that
+// picks them and a bfloat16 widening.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -16,6 +17,16 @@ namespace tokenmill {
 inline bool avx512_allowed() {
   const char* setting = std::getenv("TOKENMILL_AVX512");
   return setting == nullptr || std::strcmp(setting, "0") != 0;
+}
+
+// Whether a kernel may take its AVX-512 path: TOKENMILL_AVX512 allows it and the CPU has
+// AVX-512 F, DQ, BW and VL (and VNNI, when `vnni`). __builtin_cpu_init first: the kernels ask
+// while the library loads, possibly before libgcc's own initializer has read the CPU.
+inline bool avx512_usable(bool vnni = false) {
+  __builtin_cpu_init();
+  return avx512_allowed() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && (!vnni || __builtin_cpu_supports("avx512vnni"));
 }
 
 // Lanes [0, n) set. Masked loads read nothing past the end of a row, so a row whose length is
