@@ -7,11 +7,12 @@
 // maximum. No context copy and no full score row is ever materialised.
 //
 // A bfloat16 cache (a bfloat16 model's) is read the same way, 8 elements at a time widened to
-// floats (a bfloat16 is the top half of a float), so it streams half of float32's bytes; the
-// query may be bfloat16 too, widened as it is read, and the output is then rounded once. A
+// floats (a bfloat16 is the top half of a float), so it streams half of float32's bytes. A
 // quantized cache (int8 or fp8 e4m3 codes, an fp32 scale per token and KV head) too: 8 codes at a
 // time become 8 floats (a sign extension, or e4m3's bits moved into fp16, fp8.h) and the token's
-// scale multiplies the finished dot product and the value's softmax weight.
+// scale multiplies the finished dot product and the value's softmax weight. Over either, a
+// bfloat16 model's query is widened as it is read and the output rounded once. Where the CPU
+// has AVX-512, the same walk runs 16 lanes at a time (the AVX-512 path, below).
 
 #include <ATen/ATen.h>
 

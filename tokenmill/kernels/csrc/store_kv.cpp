@@ -40,10 +40,13 @@ struct Fp8Code {
 template <typename Code, typename T>
 float quantize_head(const T* x, int64_t dim, typename Code::Storage* codes) {
   float max_abs = 0.0f;
-  for (int64_t i = 0; i < dim; ++i) max_abs = std::max(max_abs, std::fabs(static_cast<float>(x[i])));
-  const float inverse = max_abs > 0.0f ? Code::kMax / max_abs : 0.0f;
   for (int64_t i = 0; i < dim; ++i)
-    codes[i] = Code::encode(std::clamp(static_cast<float>(x[i]) * inverse, -Code::kMax, Code::kMax));
+    max_abs = std::max(max_abs, std::fabs(static_cast<float>(x[i])));
+  const float inverse = max_abs > 0.0f ? Code::kMax / max_abs : 0.0f;
+  for (int64_t i = 0; i < dim; ++i) {
+    const float scaled = static_cast<float>(x[i]) * inverse;
+    codes[i] = Code::encode(std::clamp(scaled, -Code::kMax, Code::kMax));
+  }
   return max_abs / Code::kMax;
 }
 
