@@ -155,6 +155,20 @@ __m128 score4(const Cache& cache, const float* q, const typename Cache::Row (&k)
   return sums;
 }
 
+// The key rows of positions [t, t + kKeyTile) of a block (a short last tile repeats its last
+// row), asking for the next block's rows of the same positions (`next_tokens` of them; 0: none)
+// one token at a time (HeadGroup::attend_block says why).
+template <typename Cache>
+[[gnu::always_inline]] inline void key_tile(const Cache& cache, int64_t block, int64_t t,
+                                            int64_t tokens, int64_t kv_head, int64_t next_block,
+                                            int64_t next_tokens,
+                                            typename Cache::Row (&k)[kKeyTile]) {
+  for (int64_t j = 0; j < kKeyTile; ++j) {
+    if (t + j < next_tokens) cache.prefetch(next_block, t + j, kv_head);
+    k[j] = cache.key(block, std::min(t + j, tokens - 1), kv_head);
+  }
+}
+
 // acc[0, width) += sum over tokens [first, tokens) of weights[t] * v_t[offset, offset + width),
 // the accumulator columns held in registers across the block's tokens (8 FMA chains when
 // width is 64) instead of loaded and stored once per token.
@@ -259,17 +273,14 @@ template <int H, typename Cache>
 }
 
 // Scores of positions [first, tokens) of one block for H heads, asking for the next block's rows
-// (`next_tokens` of them) one token per token scored, as the AVX2 path does.
+// (`next_tokens` of them) as the AVX2 path does.
 template <int H, typename Cache>
 void score_block(const Cache& cache, int64_t block, int64_t first, int64_t tokens,
                  int64_t kv_head, const float* q, float* weights, int64_t stride,
                  int64_t next_block, int64_t next_tokens) {
   for (int64_t t = first; t < tokens; t += kKeyTile) {
     typename Cache::Row k[kKeyTile];
-    for (int64_t j = 0; j < kKeyTile; ++j) {
-      if (t + j < next_tokens) cache.prefetch(next_block, t + j, kv_head);
-      k[j] = cache.key(block, std::min(t + j, tokens - 1), kv_head);  // a short tile repeats
-    }
+    key_tile(cache, block, t, tokens, kv_head, next_block, next_tokens, k);
     score4<H>(cache, q, k, weights + t, stride);
   }
 }
@@ -312,18 +323,24 @@ void add_values(const Cache& cache, int64_t block, int64_t first, int64_t tokens
 }  // namespace wide
 #pragma GCC pop_options
 
-// body(std::integral_constant<int, n>) for n in [1, kWideHeads].
+// body(g, std::integral_constant<int, n>) for each run of n <= kWideHeads heads, from head g, of
+// a group of `heads`.
 template <typename Body>
-void with_head_count(int64_t n, Body body) {
-  switch (n) {
-    case 1:
-      return body(std::integral_constant<int, 1>{});
-    case 2:
-      return body(std::integral_constant<int, 2>{});
-    case 3:
-      return body(std::integral_constant<int, 3>{});
-    default:
-      return body(std::integral_constant<int, kWideHeads>{});
+void for_head_runs(int64_t heads, Body body) {
+  for (int64_t g = 0; g < heads; g += kWideHeads) {
+    switch (std::min(kWideHeads, heads - g)) {
+      case 1:
+        body(g, std::integral_constant<int, 1>{});
+        break;
+      case 2:
+        body(g, std::integral_constant<int, 2>{});
+        break;
+      case 3:
+        body(g, std::integral_constant<int, 3>{});
+        break;
+      default:
+        body(g, std::integral_constant<int, kWideHeads>{});
+    }
   }
 }
 
@@ -377,10 +394,7 @@ class HeadGroup {
     }
     for (int64_t t = first; t < tokens; t += kKeyTile) {
       typename Cache::Row k[kKeyTile];
-      for (int64_t j = 0; j < kKeyTile; ++j) {
-        if (t + j < next_tokens) cache.prefetch(next_block, t + j, kv_head);
-        k[j] = cache.key(block, std::min(t + j, tokens - 1), kv_head);  // a short tile repeats
-      }
+      key_tile(cache, block, t, tokens, kv_head, next_block, next_tokens, k);
       for (int64_t g = 0; g < heads_; ++g)
         _mm_storeu_ps(&weight(g, t), score4(cache, &query_[g * dim_], k));
     }
@@ -408,18 +422,15 @@ class HeadGroup {
   void attend_block_wide(const Cache& cache, int64_t block, int64_t first, int64_t tokens,
                          int64_t kv_head, int64_t next_block, int64_t next_tokens) {
     const int64_t stride = block_size_ + kKeyTile;
-    for (int64_t g = 0; g < heads_; g += kWideHeads)
-      with_head_count(std::min(kWideHeads, heads_ - g), [&](auto count) {
-        wide::score_block<count.value>(cache, block, first, tokens, kv_head, &query_[g * dim_],
-                                       &weight(g, 0), stride, next_block,
-                                       g == 0 ? next_tokens : 0);
-      });
+    for_head_runs(heads_, [&](int64_t g, auto count) {
+      wide::score_block<count.value>(cache, block, first, tokens, kv_head, &query_[g * dim_],
+                                     &weight(g, 0), stride, next_block, g == 0 ? next_tokens : 0);
+    });
     for (int64_t g = 0; g < heads_; ++g) rebase(g, first, tokens);
-    for (int64_t g = 0; g < heads_; g += kWideHeads)
-      with_head_count(std::min(kWideHeads, heads_ - g), [&](auto count) {
-        wide::add_values<count.value>(cache, block, first, tokens, kv_head, &weight(g, 0),
-                                      stride, &acc_[g * dim_]);
-      });
+    for_head_runs(heads_, [&](int64_t g, auto count) {
+      wide::add_values<count.value>(cache, block, first, tokens, kv_head, &weight(g, 0), stride,
+                                    &acc_[g * dim_]);
+    });
   }
 
   // Moves head g's sums to the maximum including this block's scores (exp(old - new) is 0 on

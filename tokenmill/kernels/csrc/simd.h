@@ -43,10 +43,14 @@ inline float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(half);
 }
 
-// Eight bfloat16 values as floats, exactly: a bfloat16 is the top half of a float's bits.
+// Eight bfloat16 values (bit patterns in 8 uint16 lanes) as floats, exactly: a bfloat16 is the
+// top half of a float's bits.
+inline __m256 widened_bfloat16x8(__m128i bits) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
 inline __m256 bfloat16x8(const uint16_t* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  return widened_bfloat16x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
 // Sixteen bfloat16 values as floats, exactly, for the AVX-512 paths.
@@ -115,10 +119,7 @@ struct Lanes<c10::BFloat16> {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(padded), round_bfloat16x8(v));
     std::memcpy(p, padded, n * sizeof(uint16_t));
   }
-  static __m256 rounded(__m256 v) {
-    const __m256i wide = _mm256_cvtepu16_epi32(round_bfloat16x8(v));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-  }
+  static __m256 rounded(__m256 v) { return widened_bfloat16x8(round_bfloat16x8(v)); }
 };
 
 // e^x in 8 lanes (Cephes' single-precision method: x = n ln2 + r, |r| <= ln2 / 2, a degree-6
