@@ -5,8 +5,8 @@ head_dim 64) through shuffled block tables, with fp32, bf16 (a bfloat16 model's 
 and fp8 caches. The dtypes take turns, so a slow spell on a shared machine hits them alike;
 prints the median of the turns. Each dtype has one cache, which may stay in a large L3: a model's
 layers each read their own. `--scale-max` bounds the 8-bit caches' token scales (uniform below
-it): at 1 their scores span hundreds, so most softmax weights underflow, the case that once
-made every weighted value a denormal.
+it): at 1 their scores span hundreds and most softmax weights underflow, the case where a
+weight times its token's scale once came out a denormal.
 
     .venv/bin/python scripts/bench_attention_kernels.py --batch 64 --tokens 290 --threads 1
 """
