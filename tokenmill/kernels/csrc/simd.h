@@ -128,8 +128,9 @@ struct Lanes<c10::BFloat16> {
 // token scales, and products that came out denormal took a microcode assist each (an int8 cache
 // whose scores spanned hundreds: 12.6 ms a call against 0.7). No softmax sum notices e^-87.
 inline __m256 exp8(__m256 x) {
-  const __m256 representable = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GE_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  const __m256 lowest = _mm256_set1_ps(-87.3f);
+  const __m256 representable = _mm256_cmp_ps(x, lowest, _CMP_GE_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, lowest), _mm256_set1_ps(88.3f));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   // ln 2 in two parts, so n * ln2_high is exact and r keeps its low bits.
