@@ -175,7 +175,9 @@ class ModelRunner:
                 plain_rows.append(row)
             row += num_rows
         if plain:
-            self._sample_plain(plain, logits[plain_rows], output)
+            # Without drafts the rows are all of them, in order: indexing would only copy them.
+            plain_logits = logits if not speculative else logits[plain_rows]
+            self._sample_plain(plain, plain_logits, output)
         if speculative:
             self._verify_drafts(speculative, logits[speculative_rows], output)
 
