@@ -176,6 +176,68 @@ def prepack_linear_weight(weight: torch.Tensor, batch_hint: int) -> torch.Tensor
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
 
 
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of a prompt's new positions: q [n, H, d] holds the last n of the S
+    positions whose keys and values are k and v [S, kv_heads, d]; GQA by head groups. With a
+    sliding `window`, each position also sees only itself and the `window - 1` before it.
+
+    A bfloat16 model's runs on AMX tiles (csrc/prefill_attention.cpp) where the CPU has them and
+    each position's heads are contiguous with a head_dim a multiple of 32 up to 256; anything
+    else runs torch's SDPA."""
+    if _prefill_attention_fits(q, k, v):
+        return _NATIVE.prefill_attention(q, k, v, scale, window or 0)
+    return prefill_attention_reference(q, k, v, scale, window)
+
+
+def _prefill_attention_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    if not (amx_available() and _native_friendly((q, k, v), torch.bfloat16)):
+        return False
+    if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape:
+        return False
+    head_dim = q.shape[2]
+    return (
+        head_dim % 32 == 0
+        and head_dim <= 256
+        and k.shape[2] == head_dim
+        and q.shape[1] % k.shape[1] == 0
+        and 1 <= q.shape[0] <= k.shape[0]
+        and all(t.stride(2) == 1 and t.stride(1) == head_dim for t in (q, k, v))
+    )
+
+
+def prefill_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    """torch's SDPA: its causal kernel when the query is the whole context and no window hides
+    keys, else an explicit mask."""
+    q_len, kv_len = q.shape[0], k.shape[0]
+    qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    windowed = window is not None and window < kv_len
+    if q_len == kv_len and not windowed:
+        out = F.scaled_dot_product_attention(
+            qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True
+        )
+    else:
+        offset = kv_len - q_len
+        allowed = torch.ones(q_len, kv_len, dtype=torch.bool).tril(diagonal=offset)
+        if windowed:
+            allowed = allowed.triu(diagonal=offset - window + 1)
+        out = F.scaled_dot_product_attention(
+            qh, kh, vh, attn_mask=allowed, scale=scale, enable_gqa=True
+        )
+    return out.squeeze(0).transpose(0, 1)
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     kv_cache: torch.Tensor,

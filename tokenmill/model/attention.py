@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch.nn import functional as F
 
 from tokenmill.kernels import ops
 from tokenmill.kv.quantized import KVCache, QuantizedKVCache
@@ -141,7 +140,7 @@ def attention(
             assert kv_cache is not None
             context = gather_context(kv_cache, seg.block_table, seg.seq_len)
             seg_k, seg_v = (t.to(q.dtype) for t in context)
-        out[rows] = causal_attention(q[rows], seg_k, seg_v, scale, window)
+        out[rows] = ops.prefill_attention(q[rows], seg_k, seg_v, scale, window)
     if group is not None:
         assert kv_cache is not None
         out[group.token_index] = _decode_attention(
@@ -170,26 +169,3 @@ def gather_context(
     else:
         keys, values = (ops.gather_blocks(cache, block_table) for cache in kv_cache)
     return keys[:seq_len], values[:seq_len]
-
-
-def causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None = None
-) -> torch.Tensor:
-    """The query holds the last `len(q)` of the `len(k)` context positions; GQA by head groups.
-    A sliding `window` also hides keys `window` or more positions before each query."""
-    q_len, kv_len = q.shape[0], k.shape[0]
-    qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-    windowed = window is not None and window < kv_len
-    if q_len == kv_len and not windowed:
-        out = F.scaled_dot_product_attention(
-            qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True
-        )
-    else:
-        offset = kv_len - q_len
-        allowed = torch.ones(q_len, kv_len, dtype=torch.bool).tril(diagonal=offset)
-        if windowed:
-            allowed = allowed.triu(diagonal=offset - window + 1)
-        out = F.scaled_dot_product_attention(
-            qh, kh, vh, attn_mask=allowed, scale=scale, enable_gqa=True
-        )
-    return out.squeeze(0).transpose(0, 1)

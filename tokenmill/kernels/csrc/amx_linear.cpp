@@ -30,25 +30,15 @@
 #include <cstring>
 #include <optional>
 
+#include "amx_tiles.h"
 #include "simd.h"
 
 namespace tokenmill {
 namespace {
 
-constexpr int64_t kPanel = 16;     // outputs per tile of W (a C tile's 16 columns)
-constexpr int64_t kDepth = 32;     // k per tile step: 32 bfloat16 = 64 bytes a tile row
-constexpr int64_t kTileRows = 16;  // rows of x per tile of x
+constexpr int64_t kPanel = 16;  // outputs per tile of W (a C tile's 16 columns)
+constexpr int64_t kDepth = 32;  // k per tile step: 32 bfloat16 = 64 bytes a tile row
 constexpr int64_t kRowBlock = 2 * kTileRows;
-
-// The 64-byte tile configuration AMX's LDTILECFG reads (palette 1: 8 tiles of up to 16 rows of
-// 64 bytes).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
 
 bool cpu_has_amx_bf16() {
   unsigned eax, ebx, ecx, edx;
@@ -61,17 +51,6 @@ bool cpu_has_amx_bf16() {
 bool request_tile_state() {
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-}
-
-[[gnu::target("amx-tile")]] void configure_tiles() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.bytes_per_row[t] = 64;
-    config.rows[t] = kTileRows;
-  }
-  // GCC 12 does not see LDTILECFG read its operand and drops the stores above without this.
-  asm volatile("" : : "r"(&config) : "memory");
-  _tile_loadconfig(&config);
 }
 
 // One pass: rows [m0, m0 + 32) of x (padded, [Mp, Kp] bfloat16) by panels p and p + 1 (`pair`
@@ -121,8 +100,6 @@ bool request_tile_state() {
     _mm256_mask_storeu_epi16(out + c, lanes, (__m256i)_mm512_cvtneps_pbh(v));
   }
 }
-
-[[gnu::target("amx-tile")]] void release_tiles() { _tile_release(); }
 
 }  // namespace
 

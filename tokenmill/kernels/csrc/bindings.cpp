@@ -37,6 +37,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "one-token-per-sequence attention read through the block tables", py::arg("q"),
         py::arg("kv_cache"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("scale"),
         py::arg("window") = 0, py::call_guard<py::gil_scoped_release>());
+  m.def("prefill_attention", &tokenmill::prefill_attention,
+        "causal attention of bfloat16 q [n, H, d], the last n of k and v's [S, KVH, d], on AMX",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("window") = 0,
+        py::call_guard<py::gil_scoped_release>());
   m.def("add_rms_norm", &tokenmill::add_rms_norm,
         "residual += x in place (when given), then RMSNorm of the sum into a new tensor",
         py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("eps"),

@@ -24,6 +24,8 @@ at::Tensor dequantize_fp8(const at::Tensor& qweight, const at::Tensor& scales);
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens,
                                   double scale, int64_t window);
+at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             double scale, int64_t window);
 at::Tensor add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                         const at::Tensor& weight, double eps);
 void rotary_embedding(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,
