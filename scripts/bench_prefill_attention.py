@@ -12,6 +12,7 @@ each one's largest error against SDPA in float32.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import time
 from collections.abc import Callable
@@ -34,18 +35,30 @@ CASES = [
 ]
 
 
-def best_ms(call: Callable[[], object], turns: int, repeats: int) -> float:
-    call()
-    best = float("inf")
-    for _ in range(turns):
-        start = time.perf_counter()
-        for _ in range(repeats):
-            call()
-        best = min(best, (time.perf_counter() - start) / repeats)
-    return best * 1e3
-
+Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, int], torch.Tensor]
+KERNELS: dict[str, Kernel] = {
+    "native": lambda q, k, v, scale, window: ops._NATIVE.prefill_attention(q, k, v, scale, window),
+    "sdpa": lambda q, k, v, scale, window: ops.prefill_attention_reference(
+        q, k, v, scale, window or None
+    ),
+}
 
 Shape = tuple[int, int, int]  # query heads, KV heads, head_dim
+
+
+def best_ms(calls: dict[str, Callable[[], object]], turns: int, repeats: int) -> dict[str, float]:
+    """Each call's best time of `turns`, ms; the calls take turns, so a slow spell on a shared
+    machine hits them alike."""
+    for call in calls.values():
+        call()
+    best = dict.fromkeys(calls, float("inf"))
+    for _ in range(turns):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            for _ in range(repeats):
+                call()
+            best[name] = min(best[name], (time.perf_counter() - start) / repeats * 1e3)
+    return best
 
 
 def merged_qkv(s: int, shape: Shape, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -60,17 +73,16 @@ def time_case(n: int, s: int, window: int, shape: Shape, turns: int, gen: torch.
     scale = dim**-0.5
     q, k, v = merged_qkv(s, shape, gen)
     q = q[s - n :]
+    calls = {
+        name: functools.partial(kernel, q, k, v, scale, window) for name, kernel in KERNELS.items()
+    }
     wide = (t.float() for t in (q, k, v))
     expected = ops.prefill_attention_reference(*wide, scale, window or None)
-    calls = {
-        "native": lambda: ops._NATIVE.prefill_attention(q, k, v, scale, window),
-        "sdpa": lambda: ops.prefill_attention_reference(q, k, v, scale, window or None),
-    }
     flops = 4 * heads * dim * (n * min(window, s) if window else n * s - n * n / 2)
-    repeats = max(2, int(2e7 / (n * s)))
+    times = best_ms(calls, turns, repeats=max(2, int(2e7 / (n * s))))
     line = [f"n={n:5d} S={s:5d} window={window:3d}:"]
     for name, call in calls.items():
-        ms = best_ms(call, turns, repeats)
+        ms = times[name]
         error = (call().float() - expected).abs().max().item()
         line.append(f"{name} {ms:8.3f} ms ({flops / ms / 1e9:.2f} TFLOP/s, error {error:.4f})")
     return "  ".join(line)
@@ -83,23 +95,13 @@ def time_batch64(shape: Shape, turns: int, gen: torch.Generator) -> str:
     q, k, v = merged_qkv(bounds[-1], shape, gen)
     scale = shape[2] ** -0.5
     segments = list(itertools.pairwise(bounds))
-    native = best_ms(
-        lambda: [
-            ops._NATIVE.prefill_attention(q[a:b], k[a:b], v[a:b], scale, 0) for a, b in segments
-        ],
-        turns,
-        3,
-    )
-    sdpa = best_ms(
-        lambda: [
-            ops.prefill_attention_reference(q[a:b], k[a:b], v[a:b], scale) for a, b in segments
-        ],
-        turns,
-        3,
-    )
-    return (
-        f"batch64's 64 prompts ({bounds[-1]} tokens), one layer: "
-        f"native {native:.2f} ms, sdpa {sdpa:.2f} ms"
+
+    def each_prompt(kernel: Kernel) -> Callable[[], object]:
+        return lambda: [kernel(q[a:b], k[a:b], v[a:b], scale, 0) for a, b in segments]
+
+    times = best_ms({name: each_prompt(kernel) for name, kernel in KERNELS.items()}, turns, 3)
+    return f"batch64's 64 prompts ({bounds[-1]} tokens), one layer: " + ", ".join(
+        f"{name} {ms:.2f} ms" for name, ms in times.items()
     )
 
 

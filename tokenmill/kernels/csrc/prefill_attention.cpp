@@ -159,8 +159,8 @@ void attend_positions(const Problem& p, int64_t head, int64_t first, Scratch& w)
   load_query(p, head, first, rows, w);
   std::fill(w.acc, w.acc + p.dim * kPositions, 0.0f);
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  // Weights are e^(scale (s - max)) = 2^(s log2(e) scale - max log2(e) scale): one FMA a score.
   const __m512 zero = _mm512_setzero_ps();
+  // Weights are e^(scale (s - max)) = 2^(s log2(e) scale - max log2(e) scale): one FMA a score.
   const __m512 log2e_scale = _mm512_set1_ps(p.scale * 1.44269504088896341f);
   const __m512i positions = _mm512_add_epi32(
       _mm512_set1_epi32(static_cast<int>(first_pos)),
