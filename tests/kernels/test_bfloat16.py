@@ -126,12 +126,13 @@ def test_linear_without_amx_streams_a_bfloat16_weight_through_the_skinny_kernel(
 
 @needs_native
 @pytest.mark.parametrize(("heads", "kv_heads", "window"), [(9, 3, None), (4, 2, 17), (8, 1, None)])
+@pytest.mark.parametrize("longest", [190, 1500], ids=["one-partition", "three-partitions"])
 def test_paged_attention_reads_a_bfloat16_cache_in_place(
-    heads: int, kv_heads: int, window: int | None
+    heads: int, kv_heads: int, window: int | None, longest: int
 ) -> None:
     torch.manual_seed(heads)
     q, kv_cache, tables, lens = random_paged_batch(
-        [1, 15, 16, 17, 33, 100, 190] * 2, heads, kv_heads
+        [1, 15, 16, 17, 33, 100, longest] * 2, heads, kv_heads
     )
     q, kv_cache = q.bfloat16(), kv_cache.bfloat16()
     out = ops.paged_decode_attention(q, kv_cache, tables, lens, 0.125, window)

@@ -194,6 +194,24 @@ def test_native_quantized_decode_matches_reference_when_scores_span_hundreds(
 
 @needs_native
 @pytest.mark.parametrize("dtype", CODE_DTYPES)
+@pytest.mark.parametrize("window", [None, 700])
+def test_native_quantized_decode_merges_a_long_context_in_partitions(
+    dtype: torch.dtype, window: int | None
+) -> None:
+    """Past 512 tokens a context runs in partitions whose sums merge (ops' float32 tests)."""
+    torch.manual_seed(2)
+    q, values, scales, tables, lens = random_quantized_batch([1500, 513, 40], 9, 3, dtype)
+    out = ops._NATIVE.paged_decode_attention_quantized(
+        q, values, scales, tables, lens, 0.2, window or 0
+    )
+    expected = ops.paged_decode_attention_quantized_reference(
+        q, values, scales, tables, lens, 0.2, window
+    )
+    assert (out - expected).abs().max().item() < ATTENTION_MAX_ABS_ERROR
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", CODE_DTYPES)
 @pytest.mark.parametrize("window", [1, 5, 16, 17, 40, 500])
 def test_native_quantized_decode_sliding_window_matches_reference(
     dtype: torch.dtype, window: int

@@ -240,6 +240,44 @@ def test_native_paged_attention_sliding_window_matches_reference(window: int, co
     assert (out - expected).abs().max().item() < ATTENTION_MAX_ABS_ERROR
 
 
+@needs_native
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim", "block_size", "window"),
+    [(9, 3, 64, 16, None), (4, 1, 256, 16, 512), (6, 2, 64, 32, 700), (8, 1, 64, 8, None)],
+    ids=["smollm2", "gemma3-local", "blocks-of-32", "blocks-of-8"],
+)
+@pytest.mark.parametrize("copies", [1, 8], ids=["one-per-kv-head", "one-per-sequence"])
+def test_native_paged_attention_merges_a_long_context_in_partitions(
+    heads: int, kv_heads: int, head_dim: int, block_size: int, window: int | None, copies: int
+) -> None:
+    """Contexts past 512 tokens run in 512-token partitions whose sums merge at the end: one
+    token past the first cut, several cuts, one just short of a cut. 1 copy runs each
+    partition of each KV head as its own work item, 8 copies (2 threads) a sequence per item."""
+    torch.manual_seed(head_dim + block_size)
+    q, kv_cache, tables, lens = random_paged_batch(
+        [513, 1500, 1024, 2047, 100] * copies, heads, kv_heads, head_dim, block_size
+    )
+    out = ops._NATIVE.paged_decode_attention(q, kv_cache, tables, lens, 0.125, window or 0)
+    expected = ops.paged_decode_attention_reference(q, kv_cache, tables, lens, 0.125, window)
+    assert (out - expected).abs().max().item() < ATTENTION_MAX_ABS_ERROR
+
+
+@needs_native
+def test_native_paged_attention_gives_a_long_context_the_same_bits_alone_and_in_a_batch() -> None:
+    """Partitions are cut by a sequence's own length, never by the batch's size, so a request
+    decodes identically alone (a work item per partition) and beside 15 others (per sequence)."""
+    torch.manual_seed(4)
+    q, kv_cache, tables, lens = random_paged_batch(
+        [3000, *torch.randint(1, 2500, (15,)).tolist()], 9, 3
+    )
+    full = ops._NATIVE.paged_decode_attention(q, kv_cache, tables, lens, 0.125)
+    for row in range(len(lens)):
+        alone = ops._NATIVE.paged_decode_attention(
+            q[row : row + 1], kv_cache, tables[row : row + 1], lens[row : row + 1], 0.125
+        )
+        assert torch.equal(alone[0], full[row])
+
+
 def test_sliding_window_reference_attends_to_exactly_the_last_positions() -> None:
     """Against a softmax written out by hand over the window's keys alone."""
     torch.manual_seed(1)

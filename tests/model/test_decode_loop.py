@@ -26,9 +26,8 @@ SCORED = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=
 
 
 def make_engine(loaded: LoadedModel, decode_loop: str, **kwargs) -> LLMEngine:
-    args = EngineArgs(
-        model=str(loaded.path), kv_cache_memory="32MiB", decode_loop=decode_loop, **kwargs
-    )
+    kwargs.setdefault("kv_cache_memory", "32MiB")
+    args = EngineArgs(model=str(loaded.path), decode_loop=decode_loop, **kwargs)
     return LLMEngine(args, loaded=loaded)
 
 
@@ -50,6 +49,14 @@ def test_float32_model_gives_the_python_layers_exact_logprobs(smollm, kv_cache_d
     """Eight prompts decoding together (block boundaries crossed at different steps), then the
     stragglers alone: batch sizes 1..8 all go through the loop."""
     assert_loops_agree(smollm, VARIED_PROMPTS[:8], kv_cache_dtype=kv_cache_dtype)
+
+
+def test_a_long_context_decodes_in_partitions_as_in_the_python_layers(smollm):
+    """Past 512 tokens decode attention merges partitions through the loop's scratch buffer: a
+    1,100-token context (3 partitions) beside a short one."""
+    long_prompt = {"prompt_token_ids": [100 + (i * 7919) % 30000 for i in range(1100)]}
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=3)
+    assert_loops_agree(smollm, [long_prompt, VARIED_PROMPTS[0]], params, kv_cache_memory="128MiB")
 
 
 @pytest.mark.parametrize("quantization", ["int8", "gguf", "fp8"])

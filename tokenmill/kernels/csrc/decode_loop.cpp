@@ -258,7 +258,11 @@ std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
   const at::Tensor k_normed =
       gemma ? at::empty({tokens, num_kv_heads_, head_dim_}, options) : k;
   const at::Tensor post_normed = gemma ? at::empty({tokens, hidden_size_}, options) : down;
-  int64_t scratch_bytes = 0;
+  const auto [tables, lens] =
+      check_decode_attention("DecodeLoop", q, kv_caches.front(), block_tables, seq_lens);
+  // One buffer serves each kernel in turn: each ends in the region's barrier before the next.
+  int64_t scratch_bytes = decode_attention_scratch_bytes(
+      tokens, num_heads_, head_dim_, kv_caches.front().size(2), tables.size(1));
   for (const DecoderLayerWeights& layer : layers_)
     scratch_bytes = std::max({scratch_bytes, layer.qkv.scratch_bytes(tokens, hidden_size_),
                               layer.o.scratch_bytes(tokens, q_size),
@@ -266,8 +270,6 @@ std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
                               layer.down.scratch_bytes(tokens, inner)});
   const at::Tensor scratch_buffer = at::empty({scratch_bytes}, options.dtype(at::kByte));
   void* scratch = scratch_buffer.data_ptr();
-  const auto [tables, lens] =
-      check_decode_attention("DecodeLoop", q, kv_caches.front(), block_tables, seq_lens);
   void* residual_ptr = residual.data_ptr();
   const float eps = static_cast<float>(eps_);
 
@@ -289,7 +291,7 @@ std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
       rotary_embedding_team(pos, layer_q, layer_k, layer.cos, layer.sin);
       store_kv_team(kv_caches[i], layer_scales, slots, layer_k, v);
       paged_decode_attention_team(layer_q, kv_caches[i], layer_scales, tables, lens, scale_,
-                                  layer.window, attended);
+                                  layer.window, attended, scratch);
       layer.o.run(attended, projected, scratch);
       const at::Tensor* attention_out = &projected;
       if (layer.attention_out_norm.defined()) {

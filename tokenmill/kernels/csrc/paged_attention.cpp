@@ -413,6 +413,17 @@ class HeadGroup {
     }
   }
 
+  // The sums of one partition of the context, for merge_partitions: head g's maximum,
+  // denominator and weighted values at `partial + g * stride`.
+  void write_partial(float* partial, int64_t stride) const {
+    for (int64_t g = 0; g < heads_; ++g) {
+      float* row = partial + g * stride;
+      row[0] = max_[g];
+      row[1] = denom_[g];
+      std::copy_n(&acc_[g * dim_], dim_, row + 2);
+    }
+  }
+
  private:
   // A row per head, kKeyTile - 1 longer than a block: a short tile's extra lanes land there.
   float& weight(int64_t g, int64_t t) { return weights_[g * (block_size_ + kKeyTile) + t]; }
@@ -473,37 +484,101 @@ class HeadGroup {
   std::vector<float> weights_;  // [heads, block_size + 4]: a block's scores, then weights
 };
 
-// KV heads [first_head, last_head) of one sequence over its blocks: all of them, or with a
-// sliding window (> 0) only the last `window` positions, the blocks before those never read.
+// A long context is cut into partitions of this many tokens (whole blocks), each a work item of
+// its own whose sums merge_partitions combines: without them a single sequence's decode is only
+// its KV heads' worth of items (SmolLM2's 3 over 2 threads, one thread idle for a third of the
+// time; Gemma 3's 1 leaves a thread idle throughout). The cut depends on the sequence alone,
+// never on the batch, so a sequence's output has the same bits whatever runs beside it.
+constexpr int64_t kPartitionTokens = 512;
+
+int64_t partition_blocks(int64_t block_size) {
+  return std::max<int64_t>(1, kPartitionTokens / block_size);
+}
+
+// The blocks a sequence of `seq_len` tokens reads: [first, end), with a sliding window (> 0)
+// only those of its last `window` positions.
+struct ContextBlocks {
+  int64_t start;  // the first position read
+  int64_t first, end;
+  ContextBlocks(int64_t seq_len, int64_t window, int64_t block_size)
+      : start(window > 0 ? std::max<int64_t>(0, seq_len - window) : 0),
+        first(start / block_size),
+        end((seq_len + block_size - 1) / block_size) {}
+  int64_t partitions(int64_t per_partition) const {
+    return (end - first + per_partition - 1) / per_partition;
+  }
+};
+
+// Where one sequence's partition sums go: query head hq's of partition p at `sums + hq *
+// head_stride + p * (head_dim + 2)`. nullptr: the context is one partition, whose output is
+// written directly.
+struct PartitionSums {
+  float* sums;
+  int64_t head_stride;
+};
+
+// KV heads [first_head, last_head) of one sequence over partitions [first_partition,
+// last_partition) of its context, each partition's sums into `partial`, or the output into out.
 // Block by block, every head of the range takes its turn on the block before the next block:
 // a block holds its tokens' rows of all KV heads side by side, so the range reads it as one
 // run of memory instead of a head's 256-byte slice every 768 bytes (B = 64, ~320 tokens,
 // SmolLM2's 9 query and 3 KV heads: 4.0-4.6 -> 3.5-3.6 ms a layer; with score4 and the value
 // columns held in registers, 3.2). One block of prefetch ahead is enough: a block's arithmetic
 // outlasts a DRAM round trip; the first block is requested in one burst, as nothing could
-// overlap it.
+// overlap it. The prefetches run on across partitions.
 template <typename Cache, typename Q>
 void attend_heads(HeadGroup* states, const Cache& cache, const int64_t* blocks, int64_t seq_len,
-                  int64_t window, int64_t first_head, int64_t last_head, const Q* query,
-                  float scale, Q* out, int64_t group_stride) {
-  const int64_t block_size = cache.block_size;
-  const int64_t num_used = (seq_len + block_size - 1) / block_size;
-  const int64_t start = window > 0 ? std::max<int64_t>(0, seq_len - window) : 0;
-  const int64_t first_block = start / block_size;
+                  const ContextBlocks& context, int64_t per_partition, int64_t first_partition,
+                  int64_t last_partition, int64_t first_head, int64_t last_head, const Q* query,
+                  float scale, Q* out, int64_t group_stride, PartitionSums partial) {
+  const int64_t block_size = cache.block_size, dim = cache.head_dim;
+  const int64_t group = group_stride / dim;
+  const int64_t begin = context.first + first_partition * per_partition;
+  const int64_t end = std::min(context.end, context.first + last_partition * per_partition);
   const auto tokens_in = [&](int64_t i) { return std::min(block_size, seq_len - i * block_size); };
-  const auto first_in = [&](int64_t i) { return i == first_block ? start - i * block_size : 0; };
-  for (int64_t h = first_head; h < last_head; ++h) {
-    prefetch_block(cache, blocks[first_block], first_in(first_block), tokens_in(first_block), h);
-    states[h - first_head].reset(query + h * group_stride, scale);
-  }
-  for (int64_t i = first_block; i < num_used; ++i) {
-    const bool more = i + 1 < num_used;
+  const auto first_in = [&](int64_t i) {
+    return i == context.first ? context.start - i * block_size : 0;
+  };
+  for (int64_t h = first_head; h < last_head; ++h)
+    prefetch_block(cache, blocks[begin], first_in(begin), tokens_in(begin), h);
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t p = (i - context.first) / per_partition;
+    if (i == begin || (i - context.first) % per_partition == 0)
+      for (int64_t h = first_head; h < last_head; ++h)
+        states[h - first_head].reset(query + h * group_stride, scale);
+    const bool more = i + 1 < end;
     for (int64_t h = first_head; h < last_head; ++h)
       states[h - first_head].attend_block(cache, blocks[i], first_in(i), tokens_in(i), h,
                                           more ? blocks[i + 1] : 0, more ? tokens_in(i + 1) : 0);
+    if (more && (i + 1 - context.first) % per_partition != 0) continue;
+    for (int64_t h = first_head; h < last_head; ++h) {
+      if (partial.sums == nullptr)
+        states[h - first_head].write_output(out + h * group_stride);
+      else
+        states[h - first_head].write_partial(
+            partial.sums + h * group * partial.head_stride + p * (dim + 2), partial.head_stride);
+    }
   }
-  for (int64_t h = first_head; h < last_head; ++h)
-    states[h - first_head].write_output(out + h * group_stride);
+}
+
+// One query head's output from its partitions' sums (`partitions` rows of write_partial's, `dim
+// + 2` floats apart): each partition's sums moved to the largest maximum, then added.
+// `acc`: dim floats of room.
+template <typename Q>
+void merge_partitions(const float* partial, int64_t partitions, int64_t dim, float* acc, Q* out) {
+  const int64_t row = dim + 2;
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t p = 0; p < partitions; ++p) max = std::max(max, partial[p * row]);
+  float denom = 0;
+  std::fill_n(acc, dim, 0.0f);
+  for (int64_t p = 0; p < partitions; ++p) {
+    const float* sums = partial + p * row;
+    const float weight = std::exp(sums[0] - max);
+    denom += sums[1] * weight;
+    for (int64_t i = 0; i < dim; ++i) acc[i] += sums[2 + i] * weight;
+  }
+  const float inv = 1.0f / denom;
+  for (int64_t i = 0; i < dim; ++i) out[i] = static_cast<Q>(acc[i] * inv);
 }
 
 // Rejects lengths and block ids that would read outside the cache. Done before the parallel
@@ -526,31 +601,54 @@ void check_tables(const at::Tensor& tables, const at::Tensor& lens, int64_t bloc
 
 // Every (sequence, KV head) pair of the batch over `cache` into out [B, H, d], contiguous; q is
 // [B, H, d] with contiguous heads and any token stride. Q, q's and out's element: float, or
-// at::BFloat16 (a bfloat16 model's, whose cache is bfloat16 or 8-bit).
+// at::BFloat16 (a bfloat16 model's, whose cache is bfloat16 or 8-bit). `scratch`: the partitions'
+// sums (decode_attention_scratch_bytes).
 template <typename Q, typename Cache>
 void attend_batch(const Cache& cache, const at::Tensor& q, const at::Tensor& tables,
-                  const at::Tensor& lens, double scale, int64_t window, const at::Tensor& out) {
+                  const at::Tensor& lens, double scale, int64_t window, const at::Tensor& out,
+                  float* scratch) {
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2), q_stride = q.stride(0);
   const int64_t kv_heads = cache.kv_heads, block_size = cache.block_size;
   const int64_t group = heads / kv_heads, max_blocks = tables.size(1);
+  const int64_t per_partition = partition_blocks(block_size);
+  const int64_t partitions = ContextBlocks(max_blocks * block_size, 0, block_size)
+                                 .partitions(per_partition);
   const Q* q_ptr = q.data_ptr<Q>();
   const int64_t* table = tables.data_ptr<int64_t>();
   const int64_t* len = lens.data_ptr<int64_t>();
   Q* out_ptr = out.data_ptr<Q>();
   // A work item is a sequence with all its KV heads, or where that leaves threads idle (a few
-  // sequences) a single KV head of one.
-  const int64_t heads_per_item = batch >= 4 * omp_get_num_threads() ? kv_heads : 1;
-  const int64_t items_per_sequence = kv_heads / heads_per_item;
+  // sequences) a single KV head of one over one partition of its context.
+  const bool few = batch < 4 * omp_get_num_threads();
+  const int64_t heads_per_item = few ? 1 : kv_heads;
+  const int64_t head_items = kv_heads / heads_per_item;
+  const int64_t partition_items = few ? partitions : 1;
+  // A query head's partitions' sums: `partitions` rows of dim + 2 floats.
+  const int64_t row = dim + 2, head_rows = partitions * row;
   std::vector<HeadGroup> states(heads_per_item, HeadGroup(group, dim, block_size));
   // Dynamic: sequences differ in length, so equal counts of items are not equal work.
 #pragma omp for schedule(dynamic)
-  for (int64_t item = 0; item < batch * items_per_sequence; ++item) {
-    const int64_t b = item / items_per_sequence;
-    const int64_t first_head = (item % items_per_sequence) * heads_per_item;
+  for (int64_t item = 0; item < batch * head_items * partition_items; ++item) {
+    const int64_t b = item / (head_items * partition_items);
+    const int64_t first_head = item / partition_items % head_items * heads_per_item;
+    const ContextBlocks context(len[b], window, block_size);
+    const int64_t used = context.partitions(per_partition);
+    const int64_t first_partition = few ? item % partition_items : 0;
+    if (first_partition >= used) continue;
+    const PartitionSums partial{used == 1 ? nullptr : scratch + b * heads * head_rows, head_rows};
     // KV head h's query heads h * group ... are adjacent rows of q and of out.
-    attend_heads(states.data(), cache, table + b * max_blocks, len[b], window, first_head,
+    attend_heads(states.data(), cache, table + b * max_blocks, len[b], context, per_partition,
+                 first_partition, few ? first_partition + 1 : used, first_head,
                  first_head + heads_per_item, q_ptr + b * q_stride, static_cast<float>(scale),
-                 out_ptr + b * heads * dim, group * dim);
+                 out_ptr + b * heads * dim, group * dim, partial);
+  }
+  if (partitions == 1) return;
+  std::vector<float> merged(dim);
+#pragma omp for schedule(static)
+  for (int64_t r = 0; r < batch * heads; ++r) {
+    const int64_t used = ContextBlocks(len[r / heads], window, block_size).partitions(per_partition);
+    if (used > 1)
+      merge_partitions(scratch + r * head_rows, used, dim, merged.data(), out_ptr + r * dim);
   }
 }
 
@@ -610,17 +708,43 @@ std::pair<at::Tensor, at::Tensor> check_decode_attention(const char* op, const a
   return {tables, lens};
 }
 
+int64_t decode_attention_scratch_bytes(int64_t batch, int64_t heads, int64_t dim,
+                                       int64_t block_size, int64_t max_blocks) {
+  const int64_t partitions = ContextBlocks(max_blocks * block_size, 0, block_size)
+                                 .partitions(partition_blocks(block_size));
+  return partitions == 1 ? 0 : batch * heads * partitions * (dim + 2) * sizeof(float);
+}
+
 void paged_decode_attention_team(const at::Tensor& q, const at::Tensor& kv_cache,
                                  const at::Tensor* scales, const at::Tensor& tables,
                                  const at::Tensor& lens, double scale, int64_t window,
-                                 const at::Tensor& out) {
+                                 const at::Tensor& out, void* scratch) {
+  auto* partials = static_cast<float*>(scratch);
   with_cache(kv_cache, scales, [&](const auto& cache) {
     if (q.scalar_type() == at::kBFloat16)
-      attend_batch<at::BFloat16>(cache, q, tables, lens, scale, window, out);
+      attend_batch<at::BFloat16>(cache, q, tables, lens, scale, window, out, partials);
     else
-      attend_batch<float>(cache, q, tables, lens, scale, window, out);
+      attend_batch<float>(cache, q, tables, lens, scale, window, out, partials);
   });
 }
+
+namespace {
+
+// paged_decode_attention_team over the whole batch in a parallel region of its own.
+void run_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache,
+                          const at::Tensor* scales, const at::Tensor& tables,
+                          const at::Tensor& lens, double scale, int64_t window,
+                          const at::Tensor& out) {
+  const at::Tensor scratch = at::empty(
+      {decode_attention_scratch_bytes(q.size(0), q.size(1), q.size(2), kv_cache.size(2),
+                                      tables.size(1))},
+      q.options().dtype(at::kByte));
+  void* partials = scratch.data_ptr();
+#pragma omp parallel
+  paged_decode_attention_team(q, kv_cache, scales, tables, lens, scale, window, out, partials);
+}
+
+}  // namespace
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens,
@@ -631,8 +755,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cach
       check_decode_attention("paged_decode_attention", q, kv_cache, block_tables, seq_lens);
   const at::Tensor qc = q.contiguous();
   at::Tensor out = at::empty_like(qc);
-#pragma omp parallel
-  paged_decode_attention_team(qc, kv_cache, nullptr, tables, lens, scale, window, out);
+  run_decode_attention(qc, kv_cache, nullptr, tables, lens, scale, window, out);
   return out;
 }
 
@@ -652,8 +775,7 @@ at::Tensor paged_decode_attention_quantized(const at::Tensor& q, const at::Tenso
   const auto [tables, lens] = check_decode_attention(kOp, q, values, block_tables, seq_lens);
   const at::Tensor qc = q.contiguous();
   at::Tensor out = at::empty_like(qc);
-#pragma omp parallel
-  paged_decode_attention_team(qc, values, &scales, tables, lens, scale, window, out);
+  run_decode_attention(qc, values, &scales, tables, lens, scale, window, out);
   return out;
 }
 

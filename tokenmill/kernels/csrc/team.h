@@ -58,11 +58,14 @@ void store_kv_team(const at::Tensor& kv_cache, const at::Tensor* scales, const a
 
 // out [B, H * d] (contiguous) = each sequence's query q [B, H, d] (heads contiguous, any token
 // stride) attending to its cached tokens; tables and lens int64 and contiguous. q and out are
-// float32, or bfloat16 over a bfloat16 or 8-bit cache.
+// float32, or bfloat16 over a bfloat16 or 8-bit cache. `scratch`: decode_attention_scratch_bytes
+// (B, H, d, the cache's block size, the tables' columns) bytes, for a long context's partitions.
+int64_t decode_attention_scratch_bytes(int64_t batch, int64_t heads, int64_t dim,
+                                       int64_t block_size, int64_t max_blocks);
 void paged_decode_attention_team(const at::Tensor& q, const at::Tensor& kv_cache,
                                  const at::Tensor* scales, const at::Tensor& tables,
                                  const at::Tensor& lens, double scale, int64_t window,
-                                 const at::Tensor& out);
+                                 const at::Tensor& out, void* scratch);
 
 // out [R, F] = silu(x[:, :F]) * x[:, F:], both contiguous, both float32 or both bfloat16.
 void silu_and_mul_team(const at::Tensor& x, const at::Tensor& out);
