@@ -495,6 +495,12 @@ int64_t partition_blocks(int64_t block_size) {
   return std::max<int64_t>(1, kPartitionTokens / block_size);
 }
 
+// The most partitions a sequence can have whose block table has `max_blocks` columns.
+int64_t max_partitions(int64_t max_blocks, int64_t block_size) {
+  const int64_t per_partition = partition_blocks(block_size);
+  return (max_blocks + per_partition - 1) / per_partition;
+}
+
 // The blocks a sequence of `seq_len` tokens reads: [first, end), with a sliding window (> 0)
 // only those of its last `window` positions.
 struct ContextBlocks {
@@ -611,8 +617,7 @@ void attend_batch(const Cache& cache, const at::Tensor& q, const at::Tensor& tab
   const int64_t kv_heads = cache.kv_heads, block_size = cache.block_size;
   const int64_t group = heads / kv_heads, max_blocks = tables.size(1);
   const int64_t per_partition = partition_blocks(block_size);
-  const int64_t partitions = ContextBlocks(max_blocks * block_size, 0, block_size)
-                                 .partitions(per_partition);
+  const int64_t partitions = max_partitions(max_blocks, block_size);
   const Q* q_ptr = q.data_ptr<Q>();
   const int64_t* table = tables.data_ptr<int64_t>();
   const int64_t* len = lens.data_ptr<int64_t>();
@@ -710,8 +715,7 @@ std::pair<at::Tensor, at::Tensor> check_decode_attention(const char* op, const a
 
 int64_t decode_attention_scratch_bytes(int64_t batch, int64_t heads, int64_t dim,
                                        int64_t block_size, int64_t max_blocks) {
-  const int64_t partitions = ContextBlocks(max_blocks * block_size, 0, block_size)
-                                 .partitions(partition_blocks(block_size));
+  const int64_t partitions = max_partitions(max_blocks, block_size);
   return partitions == 1 ? 0 : batch * heads * partitions * (dim + 2) * sizeof(float);
 }
 
