@@ -148,4 +148,82 @@ inline __m256 exp8(__m256 x) {
   return _mm256_and_ps(_mm256_mul_ps(e_r, _mm256_castsi256_ps(two_n)), representable);
 }
 
+// The AVX-512 twins of the above for element-wise kernels, 16 lanes at a time. Each does its
+// AVX2 twin's arithmetic lane for lane, so a kernel's two paths give the same bits.
+
+// exp8 in 16 lanes.
+[[gnu::target("avx512f")]] inline __m512 exp16(__m512 x) {
+  const __m512 lowest = _mm512_set1_ps(-87.3f);
+  const __mmask16 representable = _mm512_cmp_ps_mask(x, lowest, _CMP_GE_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, lowest), _mm512_set1_ps(88.3f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 e_r =
+      _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512i two_n = _mm512_slli_epi32(
+      _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(representable, e_r, _mm512_castsi512_ps(two_n));
+}
+
+// round_bfloat16x8's rounding in 16 lanes, each result left in the top half of its float: the
+// bfloat16 value itself, as a float.
+[[gnu::target("avx512f")]] inline __m512i rounded_bfloat16_bits(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i top = _mm512_and_si512(
+      _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))),
+      _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_mov_epi32(top, nan, _mm512_set1_epi32(0x7fc00000));
+}
+
+// Lanes<T> 16 at a time; the tail forms touch only the first n < 16 elements.
+template <typename T>
+struct Lanes16;
+
+template <>
+struct Lanes16<float> {
+  [[gnu::target("avx512f")]] static __m512 load(const float* p) { return _mm512_loadu_ps(p); }
+  [[gnu::target("avx512f")]] static __m512 load_tail(const float* p, int64_t n) {
+    return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p);
+  }
+  [[gnu::target("avx512f")]] static void store(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+  [[gnu::target("avx512f")]] static void store_tail(float* p, __m512 v, int64_t n) {
+    _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), v);
+  }
+  [[gnu::target("avx512f")]] static __m512 rounded(__m512 v) { return v; }
+};
+
+template <>
+struct Lanes16<c10::BFloat16> {
+  [[gnu::target("avx512f")]] static __m512 load(const c10::BFloat16* p) {
+    return bfloat16x16(reinterpret_cast<const uint16_t*>(p));
+  }
+  [[gnu::target("avx512f,avx512bw,avx512vl")]] static __m512 load_tail(const c10::BFloat16* p,
+                                                                         int64_t n) {
+    const __m256i bits = _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1), p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+  }
+  [[gnu::target("avx512f")]] static void store(c10::BFloat16* p, __m512 v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded_bfloat16_bits(v), 16)));
+  }
+  [[gnu::target("avx512f,avx512bw,avx512vl")]] static void store_tail(c10::BFloat16* p, __m512 v,
+                                                                        int64_t n) {
+    const __m256i bits = _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded_bfloat16_bits(v), 16));
+    _mm256_mask_storeu_epi16(p, static_cast<__mmask16>((1u << n) - 1), bits);
+  }
+  [[gnu::target("avx512f")]] static __m512 rounded(__m512 v) {
+    return _mm512_castsi512_ps(rounded_bfloat16_bits(v));
+  }
+};
+
 }  // namespace tokenmill
