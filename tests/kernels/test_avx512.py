@@ -1,5 +1,5 @@
 """The AVX-512 paths against the AVX2 kernels. The packed float32 tile two panels wide, the VNNI
-integer dot products and the 16-lane SwiGLU activation and RMSNorm give the AVX2 kernels' bits;
+integer dot products and the 16-lane gated activations and RMSNorm give the AVX2 kernels' bits;
 paged decode attention, which adds its sums
 in another order on each path, matches the torch reference on both. The library picks its path
 once as it loads, so each side runs in a process of its own, with TOKENMILL_AVX512=0 for AVX2.
@@ -23,9 +23,9 @@ needs_native = pytest.mark.skipif(
 )
 
 # Products at 1-64 rows (and a ragged 13) of the int4 and int8 panel kernels and the packed
-# float32 kernel, with outputs that are not a whole number of panels; then SwiGLU's activation
-# and the fused add + RMSNorm in float32 and bfloat16, at widths with and without a 16-lane
-# tail and at the model's own, gates reaching both saturated ends of silu; saved to argv[1].
+# float32 kernel, with outputs that are not a whole number of panels; then SwiGLU's and GeGLU's
+# activations and the fused add + RMSNorm in float32 and bfloat16, at widths with and without a
+# 16-lane tail and at the model's own, gates reaching both saturated ends; saved to argv[1].
 PRODUCTS = """
 import sys, torch
 from tokenmill.kernels import ops
@@ -47,6 +47,7 @@ for dtype in (torch.float32, torch.bfloat16):
     for rows, width in ((1, 1536), (13, 577), (64, 13), (3, 8)):
         gate_up = (torch.randn(rows, 2 * width, generator=gen) * 30).to(dtype)
         outputs.append(ops.silu_and_mul(gate_up))
+        outputs.append(ops.gelu_tanh_and_mul(gate_up))
         x, residual = (torch.randn(rows, width, generator=gen).to(dtype) for _ in range(2))
         norm_weight = torch.randn(width, generator=gen).to(dtype)
         outputs.extend(ops.add_rms_norm(x, residual, norm_weight, 1e-5))
@@ -99,7 +100,7 @@ def _run(script: str, path: Path, avx512: str) -> Any:
 def test_avx512_paths_give_the_avx2_kernels_bits(tmp_path: Path) -> None:
     avx2 = _run(PRODUCTS, tmp_path / "avx2.pt", "0")
     avx512 = _run(PRODUCTS, tmp_path / "avx512.pt", "1")
-    assert len(avx2) == len(avx512) == 21 + 2 * 4 * 4
+    assert len(avx2) == len(avx512) == 21 + 2 * 4 * 5
     for a, b in zip(avx2, avx512, strict=True):
         assert torch.equal(a, b)
 

@@ -1,9 +1,11 @@
-"""The fused per-layer kernels (residual add + RMSNorm, rotary embedding, SwiGLU activation)
-against their torch references, including their in-place effects, and the torch fallback."""
+"""The fused per-layer kernels (residual add + RMSNorm, rotary embedding, the SwiGLU and GeGLU
+activations) against their torch references, including their in-place effects, and the torch
+fallback."""
 
 from __future__ import annotations
 
 import importlib
+import math
 
 import pytest
 import torch
@@ -141,10 +143,46 @@ def test_native_silu_and_mul_saturates_like_torch_for_huge_gates() -> None:
     assert torch.allclose(out, ops.silu_and_mul_reference(x), rtol=1e-6, atol=1e-30)
 
 
+def gelu_tanh_and_mul_float64(x: torch.Tensor) -> torch.Tensor:
+    """tanh-GELU(gate) * up in float64 as gate * sigmoid(2u), which no cancellation touches."""
+    gate, up = x.double().chunk(2, dim=-1)
+    inner = math.sqrt(2 / math.pi) * (gate + 0.044715 * gate**3)
+    return gate * torch.sigmoid(2 * inner) * up
+
+
+@needs_native
+@pytest.mark.parametrize("tokens", ROWS)
+@pytest.mark.parametrize("width", [2048, 577, 3])
+def test_native_gelu_tanh_and_mul_matches_float64_to_every_elements_digits(
+    tokens: int, width: int
+) -> None:
+    """Each output within 2e-5 of its own size (the exponent's argument reaches ~90 and carries
+    float32's rounding into exp), and where the true value is below float32's normal range,
+    within 1e-34 of it; torch's reference, whose 1 + tanh(u) cancels, is close only relative to
+    the largest output."""
+    torch.manual_seed(tokens * width)
+    x = torch.randn(tokens, 2 * width) * 6
+    out = ops._NATIVE.gelu_tanh_and_mul(x)
+    assert out.shape == (tokens, width)
+    expected = gelu_tanh_and_mul_float64(x)
+    error = (out.double() - expected).abs()
+    assert bool((error <= 2e-5 * expected.abs() + 1e-34).all())
+    assert relative_error(out, ops.gelu_tanh_and_mul_reference(x)) < MAX_RELATIVE_ERROR
+
+
+@needs_native
+def test_native_gelu_tanh_and_mul_saturates_for_huge_gates() -> None:
+    gates = torch.tensor([-1e4, -100.0, -20.0, -5.0, 0.0, 5.0, 20.0, 100.0, 1e4])
+    x = torch.cat((gates, torch.full_like(gates, 2.0)))[None, :]
+    out = ops._NATIVE.gelu_tanh_and_mul(x)
+    assert torch.allclose(out.double(), gelu_tanh_and_mul_float64(x), rtol=2e-5, atol=1e-30)
+
+
 @needs_native
 def test_non_float32_inputs_take_the_reference_path() -> None:
     x = torch.randn(3, 10, dtype=torch.float64)
     assert torch.equal(ops.silu_and_mul(x), ops.silu_and_mul_reference(x))
+    assert torch.equal(ops.gelu_tanh_and_mul(x), ops.gelu_tanh_and_mul_reference(x))
     weight = torch.randn(10, dtype=torch.float64)
     assert torch.equal(
         ops.add_rms_norm(x, None, weight, 1e-6)[0], F.rms_norm(x, (10,), weight, 1e-6)
@@ -178,3 +216,7 @@ def test_torch_backend_runs_the_references_with_the_same_in_place_effects(torch_
 
     gate_up = torch.randn(3, 20)
     assert torch.equal(torch_ops.silu_and_mul(gate_up), F.silu(gate_up[:, :10]) * gate_up[:, 10:])
+    assert torch.equal(
+        torch_ops.gelu_tanh_and_mul(gate_up),
+        F.gelu(gate_up[:, :10], approximate="tanh") * gate_up[:, 10:],
+    )

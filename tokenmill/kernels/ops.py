@@ -540,6 +540,21 @@ def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """GeGLU's activation (Gemma): x [..., 2F] holds gate then up; returns
+    gelu(gate, approximate="tanh") * up, [..., F], float32 or bfloat16 (rounded before the
+    product, as the reference rounds it). Native computes gelu_tanh(g) as g * sigmoid(2u): the
+    reference's 1 + tanh(u) cancels for gates below about -4, where native keeps the digits."""
+    if _NATIVE is None or not _float32_or_bfloat16((x,)):
+        return gelu_tanh_and_mul_reference(x)
+    return _NATIVE.gelu_tanh_and_mul(x)
+
+
+def gelu_tanh_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
 # Quantized weights (tokenmill/quant builds them). Along K a row is cut into blocks of 32 inputs
 # (zero-padded), and each row has one scale per group of `group_size` inputs, group_size a
 # multiple of 32 (the last group may be short):

@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from tokenmill.kernels import ops
 
@@ -133,15 +132,9 @@ class RotaryEmbedding(nn.Module):
         ops.rotary_embedding(positions, q, k, self.cos, self.sin)
 
 
-def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """GeGLU's activation (Gemma): x [..., 2F] holds gate then up; gelu_tanh(gate) * up."""
-    gate, up = x.chunk(2, dim=-1)
-    return F.gelu(gate, approximate="tanh") * up
-
-
 GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": ops.silu_and_mul,
-    "gelu_pytorch_tanh": gelu_tanh_and_mul,
+    "gelu_pytorch_tanh": ops.gelu_tanh_and_mul,
 }
 
 

@@ -246,7 +246,7 @@ std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
   const at::Tensor attended = at::empty({tokens, q_size}, options);
   const at::Tensor projected = at::empty({tokens, hidden_size_}, options);
   const at::Tensor gate_up = at::empty({tokens, gated}, options);
-  at::Tensor activated = at::empty({tokens, inner}, options);  // at::mul_out writes it
+  const at::Tensor activated = at::empty({tokens, inner}, options);
   const at::Tensor down = at::empty({tokens, hidden_size_}, options);
   // Gemma's per-head q / k norms and output norms write here.
   const bool gemma = std::any_of(layers_.begin(), layers_.end(), [](const auto& layer) {
@@ -300,16 +300,7 @@ std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
       }
       add_rms_norm_team(*attention_out, residual_ptr, layer.mlp_norm, eps, normed);
       layer.gate_up.run(normed, gate_up, scratch);
-      if (activation_ == GatedActivation::kSilu) {
-        silu_and_mul_team(gate_up, activated);
-      } else {
-        // torch's own tanh-GELU, as the Python layers use it, on one thread: inside this region
-        // ATen runs it serially instead of opening a region of its own.
-#pragma omp master
-        at::mul_out(activated, at::gelu(gate_up.narrow(1, 0, inner), "tanh"),
-                    gate_up.narrow(1, inner, inner));
-#pragma omp barrier
-      }
+      gated_activation_team(activation_, gate_up, activated);
       layer.down.run(activated, down, scratch);
       x = &down;
       if (layer.mlp_out_norm.defined()) {

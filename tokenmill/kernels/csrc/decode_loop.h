@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "team.h"
 
 namespace tokenmill {
 
@@ -66,9 +67,6 @@ struct DecoderLayerWeights {
   at::Tensor attention_out_norm;
   at::Tensor mlp_out_norm;
 };
-
-// The gated MLP's activation: SwiGLU (Llama) or tanh-GELU (Gemma).
-enum class GatedActivation { kSilu, kGeluTanh };
 
 class DecodeLoop {
  public:

@@ -31,6 +31,7 @@ at::Tensor add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& re
 void rotary_embedding(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,
                       const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor silu_and_mul(const at::Tensor& x);
+at::Tensor gelu_tanh_and_mul(const at::Tensor& x);
 void store_kv(const at::Tensor& kv_cache, const at::Tensor& slot_mapping, const at::Tensor& k,
               const at::Tensor& v);
 void store_kv_quantized(const at::Tensor& values, const at::Tensor& scales,

@@ -67,8 +67,12 @@ void paged_decode_attention_team(const at::Tensor& q, const at::Tensor& kv_cache
                                  const at::Tensor& lens, double scale, int64_t window,
                                  const at::Tensor& out, void* scratch);
 
-// out [R, F] = silu(x[:, :F]) * x[:, F:], both contiguous, both float32 or both bfloat16.
-void silu_and_mul_team(const at::Tensor& x, const at::Tensor& out);
+// The gated MLP's activation: SwiGLU (Llama) or tanh-GELU (Gemma).
+enum class GatedActivation { kSilu, kGeluTanh };
+
+// out [R, F] = act(x[:, :F]) * x[:, F:], both contiguous, both float32 or both bfloat16.
+void gated_activation_team(GatedActivation activation, const at::Tensor& x,
+                           const at::Tensor& out);
 
 // y [M, N] = x [M, K] W^T + bias (nullptr: none), x and y contiguous; the skinny kernel's weight
 // is float32 or bfloat16. The packed and quantized products also need `scratch`,
