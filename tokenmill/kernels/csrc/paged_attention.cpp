@@ -327,9 +327,9 @@ void add_values(const Cache& cache, int64_t block, int64_t first, int64_t tokens
     value_columns<H, 1>(cache, block, first, tokens, kv_head, weights, stride, i, acc);
 }
 
-// HeadGroup::rebase's scores of one block into weights, 16 at a time: one max and one sum over
-// whole vectors, where the AVX2 path's scalar max loop and second exp8 took a fifth of the
-// block's time. Lanes past the block's last token are neither read nor written.
+// HeadGroup::rebase's scores of one block into weights, 16 at a time: one vector max and one
+// vector sum, where the AVX2 path runs a scalar max loop over the block and two exp8 for 16
+// scores. Lanes past the block's last token are neither read nor written.
 inline BlockWeights weigh_scores(float* scores, int64_t first, int64_t tokens,
                                  float running_max) {
   const auto lanes = [&](int64_t t) {
