@@ -94,6 +94,35 @@ def test_sampler_leaves_the_logits_untouched() -> None:
     assert torch.equal(logits, before)
 
 
+def test_bfloat16_logits_give_what_their_float32_widening_gives() -> None:
+    """A bfloat16 model's logits reach the sampler as they are: greedy rows take their argmax
+    without a copy, and every row that computes (penalties, min_tokens, draws, logprobs) does so
+    on the exact float32 widening, so tokens and logprobs come out the same."""
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(4)).bfloat16()
+    logits[0, [5, 9]] = 7.0  # a tie: the first maximum wins either way
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.0, logprobs=3),
+        SamplingParams(temperature=0.0, repetition_penalty=1.5),
+        SamplingParams(temperature=0.0, min_tokens=2),
+        SamplingParams(seed=7, temperature=0.8, top_k=50, logprobs=1),
+        SamplingParams(seed=8, top_p=0.9, frequency_penalty=0.5),
+    ]
+
+    def run(x: torch.Tensor) -> tuple[list[int], list]:
+        rows = [
+            make_row(
+                p, prompt=[1, 2], output=[3], generator=make_generator(p.seed), eos=frozenset({4})
+            )
+            for p in params
+        ]
+        out = Sampler()(x, rows)
+        return out.token_ids, out.logprobs
+
+    assert run(logits) == run(logits.float())
+    assert run(logits)[0][0] == 5
+
+
 # --- seeds ------------------------------------------------------------------------------
 
 

@@ -143,7 +143,9 @@ class Gemma3ForCausalLM(nn.Module):
         return embeds * torch.tensor(self.embed_scale, dtype=embeds.dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        """In the LM head's dtype: greedy sampling takes a bfloat16 row's argmax as it is, and
+        whatever computes with logits widens them (tokenmill/sampling/sampler.py)."""
+        return self.lm_head(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.tie_weights()

@@ -113,7 +113,9 @@ class LlamaForCausalLM(nn.Module):
         return self.embed_tokens(input_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        """In the LM head's dtype: greedy sampling takes a bfloat16 row's argmax as it is, and
+        whatever computes with logits widens them (tokenmill/sampling/sampler.py)."""
+        return self.lm_head(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.tie_weights()

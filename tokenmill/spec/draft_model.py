@@ -38,6 +38,7 @@ from torch import nn
 from tokenmill.config import ModelConfig
 from tokenmill.engine.runner import allocate_kv_caches, kv_bytes_per_token, slot_mapping
 from tokenmill.engine.scheduler import ScheduledRequest
+from tokenmill.kernels import ops
 from tokenmill.kv.quantized import KVCache
 from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.model.attention import AttentionMetadata
@@ -194,7 +195,7 @@ class DraftModelProposer:
         sampled request's draw from the draft's distribution under that request's sampling
         settings and history, as the target will score it (the distribution is kept for the
         rejection sampler)."""
-        tokens = logits.argmax(dim=-1).tolist()
+        tokens = ops.row_argmax(logits).tolist()
         if not self.sample_drafts:
             return tokens
         drawn = [i for i, c in enumerate(chunks) if not items[c.request_id].request.params.greedy]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenmill.kernels import ops
 from tokenmill.sampling.sampler import SamplingRow, adjust_logits, sampling_probs
 
 
@@ -43,7 +44,7 @@ class RejectionSampler:
         request, in order. Returns the tokens each request emits."""
         rows = [row for item in batch for row in item.rows]
         adjusted = adjust_logits(logits, rows)
-        argmax = adjusted.argmax(dim=-1).tolist()
+        argmax = ops.row_argmax(adjusted).tolist()
         random_rows = [i for i, row in enumerate(rows) if not row.params.greedy]
         if random_rows:
             probs = sampling_probs(adjusted[random_rows], [rows[i] for i in random_rows])

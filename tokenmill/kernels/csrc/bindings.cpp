@@ -67,6 +67,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gelu_tanh_and_mul", &tokenmill::gelu_tanh_and_mul,
         "gelu(x[..., :F], approximate='tanh') * x[..., F:]", py::arg("x"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("row_argmax", &tokenmill::row_argmax,
+        "each row's index of its largest value, the first on ties (NaN counts as largest)",
+        py::arg("x"), py::call_guard<py::gil_scoped_release>());
   m.def("int8_linear", &tokenmill::int8_linear,
         "y = x W^T + b, W int8 in panels of 8 rows (ops.pack_int8_panels), n = W's rows",
         py::arg("x"), py::arg("values"), py::arg("scales"), py::arg("n"), py::arg("group_size"),

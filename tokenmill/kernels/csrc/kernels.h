@@ -32,6 +32,7 @@ void rotary_embedding(const at::Tensor& positions, const at::Tensor& q, const at
                       const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor silu_and_mul(const at::Tensor& x);
 at::Tensor gelu_tanh_and_mul(const at::Tensor& x);
+at::Tensor row_argmax(const at::Tensor& x);
 void store_kv(const at::Tensor& kv_cache, const at::Tensor& slot_mapping, const at::Tensor& k,
               const at::Tensor& v);
 void store_kv_quantized(const at::Tensor& values, const at::Tensor& scales,
