@@ -10,13 +10,10 @@
 #include <limits>
 
 #include "simd.h"
+#include "team.h"
 
 namespace tokenmill {
 namespace {
-
-// Below this many logits (one 49,152-entry row is fewer) the scan takes less than waking the
-// OpenMP team.
-constexpr int64_t kParallelMinElements = 1 << 16;
 
 // Lanes of running maxima: independent chains, since one chain waits out max's latency on each
 // vector.

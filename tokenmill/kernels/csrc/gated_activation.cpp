@@ -12,10 +12,6 @@
 namespace tokenmill {
 namespace {
 
-// Below this many outputs the work is a few microseconds, less than waking the OpenMP team, so
-// decode stays on the calling thread.
-constexpr int64_t kParallelMinElements = 1 << 16;
-
 // Whether rows take the 16-lane path; it gives the 8-lane path's bits, twice as many at a time.
 const bool kWideRows = avx512_usable();
 

@@ -13,6 +13,7 @@
 
 #include "quant.h"
 #include "simd.h"
+#include "team.h"
 
 namespace tokenmill {
 namespace {
@@ -82,9 +83,6 @@ void quantize_block(const float* x, int64_t valid, T* q, float* scale, float* su
   *sum = *scale * static_cast<float>(total);
 }
 
-// Below this many values a second thread costs more than it saves.
-constexpr int64_t kParallelValues = 1 << 16;
-
 }  // namespace
 
 template <typename T>
@@ -110,7 +108,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantized_tensors(const at::Tenso
   std::vector<float> storage(
       (QuantizedRows<T>::storage_bytes(rows, blocks) + sizeof(float) - 1) / sizeof(float));
   QuantizedRows<T> quantized(storage.data(), rows, blocks);
-#pragma omp parallel if (rows * k >= kParallelValues)
+#pragma omp parallel if (rows * k >= kParallelMinElements)
   quantized.quantize(xc.data_ptr<float>(), rows, k);
   at::Tensor values = at::empty({rows, blocks * kQuantBlock}, x.options().dtype(dtype));
   at::Tensor scales = at::empty({rows, blocks}, x.options());

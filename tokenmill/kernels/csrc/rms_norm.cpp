@@ -16,10 +16,6 @@
 namespace tokenmill {
 namespace {
 
-// Below this many elements a call is a few microseconds of work on one core, less than waking the
-// OpenMP team costs, so decode (a handful of rows) stays on the calling thread.
-constexpr int64_t kParallelMinElements = 1 << 16;
-
 // residual (when given) += x, then out = row * rsqrt(mean(row^2) + eps) * weight, where row is
 // the updated residual or x itself. A bfloat16 row is worked on in float32 and each result rounds
 // once, where torch's reference rounds them: the sum as it joins the residual stream (`add_`),

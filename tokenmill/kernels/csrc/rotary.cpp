@@ -17,10 +17,6 @@
 namespace tokenmill {
 namespace {
 
-// Below this many rotated elements the work is a few microseconds, less than waking the OpenMP
-// team, so decode stays on the calling thread.
-constexpr int64_t kParallelMinElements = 1 << 16;
-
 // One tensor's heads as laid out in memory: head j of token t starts at
 // data + t * token_stride + j * head_stride. T: float, or at::BFloat16.
 template <typename T>

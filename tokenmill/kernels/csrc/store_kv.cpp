@@ -17,9 +17,6 @@
 namespace tokenmill {
 namespace {
 
-// Below this many copied floats (a long prefill chunk) one thread is faster than waking the team.
-constexpr int64_t kParallelMinElements = 1 << 16;
-
 // One head of d floats to 8-bit codes and its scale, exactly as ops.quantize_kv_reference does:
 // codes = x * (qmax / max|x|) clamped to +-qmax, rounded to nearest even (int8) or by e4m3's own
 // rounding (fp8); scale = max|x| / qmax. A head of zeros gets zero codes and scale 0.

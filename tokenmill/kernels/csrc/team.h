@@ -22,6 +22,11 @@
 
 namespace tokenmill {
 
+// Below this many elements of work an entry point runs its team function on the calling thread
+// alone, without opening a region: a few microseconds of work (decode's handful of rows, one
+// row of logits) is less than waking the OpenMP team costs.
+constexpr int64_t kParallelMinElements = 1 << 16;
+
 // The checks paged_decode_attention_team needs first, on q [B, H, d] and a cache [2, blocks,
 // block_size, kv_heads, d]: returns the tables and lengths as contiguous int64, every block id
 // and length read inside the cache.
