@@ -56,9 +56,44 @@ struct alignas(64) Scratch {
   float acc[kMaxHeadDim * kPositions];         // O^T [dim][16 positions], before the division
 };
 
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")
+
+// Rows become columns: word i of r[j] moves to word j of r[i]. The query's pairs, V^T and the
+// output are the three rearrangements a call makes; done a word at a time, they took a third of
+// a 157-token prompt's call (0.112 -> 0.074 ms a layer).
+void transpose16(__m512i (&r)[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int h = 0; h < 16; h += 8)
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
+// Sixteen 32-bit words of `row`, or zeros where there is no row.
+__m512i words16(const uint16_t* row) {
+  return row != nullptr ? _mm512_loadu_si512(row) : _mm512_setzero_si512();
+}
+
 // One KV head's keys [k0, k0 + 32) copied into K, contiguous, and transposed into V^T, zeros
 // past S in both: the tiles then read whole rows and never past the end, and zero weights times
-// leftover bits could still make NaN.
+// leftover bits could still make NaN. V^T goes 32 head dims at a time: each half of the keys'
+// pairs of dims transposed, then the pairs' first and second halves gathered into two rows.
 void lay_out_block(const uint16_t* k, const uint16_t* v, int64_t k_stride, int64_t v_stride,
                    int64_t s, int64_t dim, int64_t k0, uint16_t* keys, uint16_t* vt,
                    int64_t s_pad) {
@@ -69,14 +104,28 @@ void lay_out_block(const uint16_t* k, const uint16_t* v, int64_t k_stride, int64
     else
       std::memset(row, 0, dim * sizeof(uint16_t));
   }
-  for (int64_t d = 0; d < dim; ++d) {
-    uint16_t* row = vt + d * s_pad + k0;
-    for (int64_t j = 0; j < kKeys; ++j) row[j] = k0 + j < s ? v[(k0 + j) * v_stride + d] : 0;
+  alignas(64) static constexpr uint16_t kFirst[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20,
+                                                      22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
+                                                      44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
+  const __m512i first = _mm512_load_si512(kFirst);
+  const __m512i second = _mm512_add_epi16(first, _mm512_set1_epi16(1));
+  for (int64_t c = 0; c < dim; c += 32) {
+    __m512i halves[2][16];
+    for (int h = 0; h < 2; ++h) {
+      for (int64_t j = 0; j < 16; ++j) {
+        const int64_t key = k0 + 16 * h + j;
+        halves[h][j] = words16(key < s ? v + key * v_stride + c : nullptr);
+      }
+      transpose16(halves[h]);
+    }
+    for (int64_t i = 0; i < 16; ++i) {
+      uint16_t* row = vt + (c + 2 * i) * s_pad + k0;
+      _mm512_storeu_si512(row, _mm512_permutex2var_epi16(halves[0][i], first, halves[1][i]));
+      _mm512_storeu_si512(row + s_pad,
+                          _mm512_permutex2var_epi16(halves[0][i], second, halves[1][i]));
+    }
   }
 }
-
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")
 
 // 2^t for t <= 0 in 16 lanes: t = n + f with |f| <= 1/2, 2^f by its Taylor series to f^6
 // (relative error about 1e-7, as exp8's), scaled by 2^n in one VSCALEFPS. Below -126 the result
@@ -95,14 +144,13 @@ __m512 exp2_nonpositive(__m512 t) {
 // Q^T of the item's positions as one B tile per 32 head dims: tile row i holds dims 2i and
 // 2i + 1 of each position. Positions past the last are zeros.
 void load_query(const Problem& p, int64_t head, int64_t first, int64_t rows, Scratch& w) {
-  auto* pairs = reinterpret_cast<uint32_t*>(w.query_t);
-  for (int64_t r = 0; r < kPositions; ++r) {
-    const uint16_t* row = r < rows ? p.q + (first + r) * p.q_stride + head * p.dim : nullptr;
-    for (int64_t i = 0; i < p.dim / 2; ++i) {
-      uint32_t pair = 0;
-      if (row != nullptr) std::memcpy(&pair, row + 2 * i, sizeof(pair));
-      pairs[i * kPositions + r] = pair;
-    }
+  for (int64_t c = 0; c < p.dim; c += 32) {
+    __m512i pairs[16];
+    for (int64_t r = 0; r < kPositions; ++r)
+      pairs[r] = words16(r < rows ? p.q + (first + r) * p.q_stride + head * p.dim + c : nullptr);
+    transpose16(pairs);
+    for (int64_t i = 0; i < 16; ++i)
+      _mm512_store_si512(w.query_t + (c + 2 * i) * kPositions, pairs[i]);
   }
 }
 
@@ -226,12 +274,16 @@ void attend_positions(const Problem& p, int64_t head, int64_t first, Scratch& w)
     add_values(p, kv_head, k0, w);
   }
   const __m512 inverse = _mm512_div_ps(_mm512_set1_ps(1.0f), running_sum);
-  alignas(32) uint16_t rounded[kPositions];
-  for (int64_t d = 0; d < p.dim; ++d) {
-    const __m512 o = _mm512_mul_ps(_mm512_load_ps(w.acc + d * kPositions), inverse);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(rounded), (__m256i)_mm512_cvtneps_pbh(o));
+  for (int64_t c = 0; c < p.dim; c += 16) {
+    __m512i outputs[16];
+    for (int64_t i = 0; i < 16; ++i)
+      outputs[i] = _mm512_castps_si512(
+          _mm512_mul_ps(_mm512_load_ps(w.acc + (c + i) * kPositions), inverse));
+    transpose16(outputs);  // now a position's 16 head dims each
     for (int64_t r = 0; r < rows; ++r)
-      p.out[(first + r) * p.out_stride + head * p.dim + d] = rounded[r];
+      _mm256_storeu_si256(
+          reinterpret_cast<__m256i*>(p.out + (first + r) * p.out_stride + head * p.dim + c),
+          (__m256i)_mm512_cvtneps_pbh(_mm512_castsi512_ps(outputs[r])));
   }
 }
 
