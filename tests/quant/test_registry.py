@@ -8,12 +8,15 @@ from torch.nn import functional as F
 
 from tokenmill.config import EngineArgs
 from tokenmill.engine.engine import LLMEngine
+from tokenmill.engine.outputs import RequestOutput
 from tokenmill.kernels import ops
 from tokenmill.loader.model_loader import LoadedModel
 from tokenmill.model.attention import AttentionMetadata
 from tokenmill.quant.linear import QuantLinear
 from tokenmill.quant.registry import check_quantization, quant_method
 from tokenmill.sampling.params import SamplingParams
+
+from ..engine.test_kv_cache_dtype import count_near_tie_flips
 
 METHODS = ["int8", "int4", "gguf"]
 # Mean KL(fp32 || quantized) of next-token distributions over a short text. int8's is the
@@ -24,6 +27,12 @@ GREEDY_PROMPTS = [
     "The capital of France is",
     'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
 ]
+# int4 and gguf products round activations to 8 bits, so a last-bit difference between native
+# and torch arithmetic can move an activation across a rounding step: the two runs' logprobs
+# differ by hundredths of a nat (0.036 at the first token of GREEDY_PROMPTS[0] on a Zen 4; int8
+# weights, whose activations keep 16 bits, 0.0001). A greedy token may flip only where the native
+# run had the two tokens this close (the flip measured there: 0.0033 apart).
+NATIVE_NEAR_TIE_NATS = 0.05
 
 
 def next_token_logits(loaded: LoadedModel, ids: list[int]) -> torch.Tensor:
@@ -33,12 +42,14 @@ def next_token_logits(loaded: LoadedModel, ids: list[int]) -> torch.Tensor:
         return loaded.model.compute_logits(hidden)
 
 
-def greedy_tokens(loaded: LoadedModel, prompt: str, max_tokens: int) -> list[int]:
+def greedy_output(loaded: LoadedModel, prompt: str, max_tokens: int) -> RequestOutput:
+    """The greedy run of `prompt`, with each token's top two logprobs."""
     engine = LLMEngine(EngineArgs(kv_cache_memory="32MiB"), loaded=loaded)
-    engine.add_request("r", prompt, SamplingParams(temperature=0, max_tokens=max_tokens))
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=2)
+    engine.add_request("r", prompt, params)
     while engine.has_unfinished_requests():
         outputs = engine.step()
-    return outputs[0].outputs[0].token_ids
+    return outputs[0]
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -65,13 +76,14 @@ def test_next_token_distributions_stay_close_to_fp32(
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_native_and_torch_kernels_give_the_same_greedy_tokens(
+def test_native_and_torch_kernels_give_the_same_greedy_tokens_but_at_near_ties(
     quantized_smollm, monkeypatch: pytest.MonkeyPatch, method: str
 ) -> None:
     loaded = quantized_smollm(method)
-    native = [greedy_tokens(loaded, prompt, 8) for prompt in GREEDY_PROMPTS]
+    native = [greedy_output(loaded, prompt, 8) for prompt in GREEDY_PROMPTS]
     monkeypatch.setattr(ops, "_NATIVE", None)  # what a missing extension leaves
-    assert [greedy_tokens(loaded, prompt, 8) for prompt in GREEDY_PROMPTS] == native
+    reference = [greedy_output(loaded, prompt, 8) for prompt in GREEDY_PROMPTS]
+    count_near_tie_flips(native, reference, NATIVE_NEAR_TIE_NATS)
 
 
 def test_quantized_linears_are_smaller(smollm, quantized_smollm) -> None:

@@ -20,6 +20,21 @@ from torch.nn import functional as F
 from tokenmill.kernels import build
 
 BACKEND_ENV = "TOKENMILL_KERNELS"
+
+
+def _intel_cpu() -> bool:
+    """Whether Linux reports an Intel CPU (MKL's vendor check; False where unknown)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return any(
+                line.split(":")[-1].strip() == "GenuineIntel"
+                for line in cpuinfo
+                if line.startswith("vendor_id")
+            )
+    except OSError:
+        return False
+
+
 # Above this many rows of x, MKL's blocked GEMM beats a kernel that streams the weights once.
 # Measured over SmolLM2 layers' four products with weights from DRAM (ms per layer, native vs
 # torch): 24 rows 2.3 vs 2.7, 32 rows 2.8 vs 3.2, 48 rows 4.0 vs 4.0, 64 rows 5.2 vs 4.8.
@@ -35,11 +50,15 @@ SKINNY_MAX_ROWS = 32
 # 1.70 vs 1.76, 2048 rows 1.25 vs 2.56.
 PREPACKED_MAX_ROWS = 256
 # Under torch's kernels, up to this many rows MKL's product on the plain weight streams faster
-# than oneDNN's GEMM on the packed copy where the CPU has AVX-512. All 121 of SmolLM2's products,
-# GB/s plain vs packed, on a 2-core AVX-512 Xeon: 1 row 26.3 vs 20.0, 2 rows 24.5 vs 19.0, 3 rows
-# 19.9-22.3 vs 18.8-19.1, 4 rows 14.5 vs 19.1; on the AVX2 machine before it, packed won at one
-# row (16.5 vs 12.0).
-TORCH_PLAIN_MAX_ROWS = 3 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 0
+# than oneDNN's GEMM on the packed copy where the CPU is an Intel one with AVX-512. All 121 of
+# SmolLM2's products, GB/s plain vs packed, on a 2-core AVX-512 Xeon: 1 row 26.3 vs 20.0, 2 rows
+# 24.5 vs 19.0, 3 rows 19.9-22.3 vs 18.8-19.1, 4 rows 14.5 vs 19.1; on the AVX2 machine before it,
+# packed won at one row (16.5 vs 12.0). MKL takes its fast paths on Intel CPUs only: on a 2-core
+# AMD EPYC (Zen 4) its one-row products ran at 11 GB/s whatever the threads (the 49,152-row LM
+# head 9.8 ms) against oneDNN's 26 (4.3 ms).
+TORCH_PLAIN_MAX_ROWS = (
+    3 if torch.backends.cpu.get_cpu_capability() == "AVX512" and _intel_cpu() else 0
+)
 # Up to this many rows of x, the skinny kernel on a bfloat16 weight (widened to float32 as it is
 # read) beats torch's bfloat16 product, which streamed SmolLM2's weights at about 12 GB/s at any
 # batch from 1 to 32 rows (oneDNN, with AMX, on a 2-core AVX-512 Xeon). All 121 products, ms,
