@@ -1,4 +1,5 @@
-"""The kernels of a bfloat16 model (AMX products, the skinny kernel on bfloat16 weights, paged
+"""The kernels of a bfloat16 model (products on AMX or AVX512-BF16, the skinny kernel on bfloat16
+weights, paged
 attention over a bfloat16 cache, rotary embedding, RMSNorm, SiLU-and-mul, KV stores) against
 float32 math on the same bfloat16 values, or against torch's own bfloat16 reference."""
 
@@ -13,8 +14,8 @@ from tokenmill.kernels import ops
 from .test_fused import gelu_tanh_and_mul_float64, merged_qkv, q_and_k_views, rope_tables
 from .test_ops import needs_native, random_paged_batch, relative_error
 
-needs_amx = pytest.mark.skipif(
-    not ops.amx_available(), reason="this CPU or OS does not run AMX tiles"
+needs_bfloat16_linear = pytest.mark.skipif(
+    not ops.bfloat16_linear_available(), reason="this CPU or OS has neither AMX nor AVX512-BF16"
 )
 
 
@@ -27,64 +28,67 @@ def assert_rounded_from(actual: torch.Tensor, exact: torch.Tensor) -> None:
     assert bool(((actual.float() - exact).abs() <= bound).all())
 
 
-@needs_amx
-@pytest.mark.parametrize("rows", [1, 5, 16, 17, 33, 64, 256])
+@needs_bfloat16_linear
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 13, 16, 17, 33, 64, 256])
 @pytest.mark.parametrize(
-    ("n", "k"), [(70, 33), (16, 64), (33, 577)], ids=["odd", "one-panel", "wide"]
+    ("n", "k"), [(70, 33), (16, 64), (33, 577), (130, 64)], ids=["odd", "one-panel", "wide", "tall"]
 )
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_amx_linear_rounds_the_float32_product(rows: int, n: int, k: int, with_bias: bool) -> None:
-    """Odd panel counts, K past whole tile steps, rows past whole tiles of x."""
+def test_bfloat16_linear_rounds_the_float32_product(
+    rows: int, n: int, k: int, with_bias: bool
+) -> None:
+    """Odd panel counts, K past whole tile steps, rows past whole tiles of x (AMX's 16 and 32,
+    the dot products' 6), panels past whole groups of the dot products' 4."""
     gen = torch.Generator().manual_seed(rows * n + k)
     x = torch.randn(rows, k, generator=gen).bfloat16()
     weight = torch.randn(n, k, generator=gen).bfloat16()
     bias = torch.randn(n, generator=gen).bfloat16() if with_bias else None
-    out = ops._NATIVE.amx_linear(x, ops._NATIVE.pack_amx_weight(weight), n, bias)
+    out = ops._NATIVE.bfloat16_linear(x, ops._NATIVE.pack_bfloat16_weight(weight), n, bias)
     exact = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
     assert_rounded_from(out, exact)
 
 
-@needs_amx
-def test_amx_gives_a_row_the_same_bits_at_any_batch_size() -> None:
-    """Each row's sums take the same tile steps whatever rows share its tile: decode outputs do
-    not depend on what else is in the batch."""
+@needs_bfloat16_linear
+def test_bfloat16_linear_gives_a_row_the_same_bits_at_any_batch_size() -> None:
+    """Each row's sums take the same steps whatever rows share its tile: decode outputs do not
+    depend on what else is in the batch."""
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(100, 96, generator=gen).bfloat16()
-    packed = ops._NATIVE.pack_amx_weight(weight)
+    packed = ops._NATIVE.pack_bfloat16_weight(weight)
     x = torch.randn(40, 96, generator=gen).bfloat16()
-    together = ops._NATIVE.amx_linear(x, packed, 100, None)
+    together = ops._NATIVE.bfloat16_linear(x, packed, 100, None)
     for row in (0, 17, 39):
-        alone = ops._NATIVE.amx_linear(x[row : row + 1], packed, 100, None)
+        alone = ops._NATIVE.bfloat16_linear(x[row : row + 1], packed, 100, None)
         assert torch.equal(alone[0], together[row])
 
 
-@needs_amx
-def test_amx_linear_reads_rows_of_a_wider_tensor_where_they_lie() -> None:
+@needs_bfloat16_linear
+def test_bfloat16_linear_reads_rows_of_a_wider_tensor_where_they_lie() -> None:
     gen = torch.Generator().manual_seed(3)
     weight = torch.randn(50, 40, generator=gen).bfloat16()
-    packed = ops._NATIVE.pack_amx_weight(weight)
+    packed = ops._NATIVE.pack_bfloat16_weight(weight)
     wide = torch.randn(7, 64, generator=gen).bfloat16()
     rows = wide[:, 8:48]  # row stride 64, not 40
     assert torch.equal(
-        ops._NATIVE.amx_linear(rows, packed, 50, None),
-        ops._NATIVE.amx_linear(rows.contiguous(), packed, 50, None),
+        ops._NATIVE.bfloat16_linear(rows, packed, 50, None),
+        ops._NATIVE.bfloat16_linear(rows.contiguous(), packed, 50, None),
     )
 
 
-@needs_amx
-def test_amx_linear_rejects_a_weight_it_did_not_pack() -> None:
+@needs_bfloat16_linear
+def test_bfloat16_linear_rejects_a_weight_it_did_not_pack() -> None:
     weight = torch.randn(40, 64).bfloat16()
-    packed = ops._NATIVE.pack_amx_weight(weight)
+    packed = ops._NATIVE.pack_bfloat16_weight(weight)
     with pytest.raises(RuntimeError, match="n does not match"):
-        ops._NATIVE.amx_linear(torch.randn(2, 64).bfloat16(), packed, 20, None)
+        ops._NATIVE.bfloat16_linear(torch.randn(2, 64).bfloat16(), packed, 20, None)
     with pytest.raises(RuntimeError, match="disagree on K"):
-        ops._NATIVE.amx_linear(torch.randn(2, 16).bfloat16(), packed, 40, None)
-    with pytest.raises(RuntimeError, match="must come from pack_amx_weight"):
-        ops._NATIVE.amx_linear(torch.randn(2, 64).bfloat16(), weight, 40, None)
+        ops._NATIVE.bfloat16_linear(torch.randn(2, 16).bfloat16(), packed, 40, None)
+    with pytest.raises(RuntimeError, match="must come from pack_bfloat16_weight"):
+        ops._NATIVE.bfloat16_linear(torch.randn(2, 64).bfloat16(), weight, 40, None)
 
 
-@needs_amx
-def test_linear_runs_a_bfloat16_weight_on_its_amx_tiles_up_to_the_prepacked_bound() -> None:
+@needs_bfloat16_linear
+def test_linear_runs_a_bfloat16_weight_on_its_packed_tiles_up_to_the_prepacked_bound() -> None:
     gen = torch.Generator().manual_seed(1)
     weight = torch.randn(48, 40, generator=gen).bfloat16()
     bias = torch.randn(48, generator=gen).bfloat16()
@@ -93,7 +97,9 @@ def test_linear_runs_a_bfloat16_weight_on_its_amx_tiles_up_to_the_prepacked_boun
     x = torch.randn(2, 3, 40, generator=gen).bfloat16()
     out = ops.linear(x, weight, bias, prepacked)
     assert out.shape == (2, 3, 48)
-    assert torch.equal(out.view(6, 48), ops._NATIVE.amx_linear(x.view(6, 40), prepacked, 48, bias))
+    assert torch.equal(
+        out.view(6, 48), ops._NATIVE.bfloat16_linear(x.view(6, 40), prepacked, 48, bias)
+    )
     wide = torch.randn(ops.PREPACKED_MAX_ROWS + 1, 40, generator=gen).bfloat16()
     assert torch.equal(ops.linear(wide, weight, bias, prepacked), F.linear(wide, weight, bias))
 
@@ -114,11 +120,11 @@ def test_bfloat16_skinny_linear_is_the_float32_product_of_the_widened_weight(
 
 
 @needs_native
-def test_linear_without_amx_streams_a_bfloat16_weight_through_the_skinny_kernel() -> None:
+def test_linear_without_packed_tiles_streams_a_bfloat16_weight_through_the_skinny_kernel() -> None:
     gen = torch.Generator().manual_seed(2)
     weight = torch.randn(70, 33, generator=gen).bfloat16()
     x = torch.randn(1, ops.BFLOAT16_SKINNY_MAX_ROWS, 33, generator=gen).bfloat16()
-    out = ops.linear(x, weight)  # no packed copy, as on a CPU without AMX
+    out = ops.linear(x, weight)  # no packed copy, as on a CPU with neither AMX nor AVX512-BF16
     assert_rounded_from(out, F.linear(x.float(), weight.float()))
     wide = torch.randn(ops.BFLOAT16_SKINNY_MAX_ROWS + 1, 33, generator=gen).bfloat16()
     assert torch.equal(ops.linear(wide, weight), F.linear(wide, weight))

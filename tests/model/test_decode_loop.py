@@ -73,18 +73,19 @@ def test_gemma3_gives_the_python_layers_exact_logprobs(gemma, monkeypatch):
     assert_loops_agree(gemma, VARIED_PROMPTS[:3])
 
 
-needs_amx = pytest.mark.skipif(
-    not ops.amx_available(), reason="a bfloat16 model's loop runs its products on AMX tiles"
+needs_bfloat16_linear = pytest.mark.skipif(
+    not ops.bfloat16_linear_available(),
+    reason="a bfloat16 model's loop runs its products on AMX or AVX512-BF16",
 )
 
 
-@needs_amx
+@needs_bfloat16_linear
 def test_bfloat16_model_gives_the_python_layers_exact_logprobs(bf16_smollm):
     engine = assert_loops_agree(bf16_smollm, VARIED_PROMPTS[:8], dtype="bfloat16")
     assert engine.runner.decode_loop.layers.max_tokens == ops.PREPACKED_MAX_ROWS
 
 
-@needs_amx
+@needs_bfloat16_linear
 @pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
 def test_bfloat16_model_over_8_bit_kv_gives_the_python_layers_exact_logprobs(
     bf16_smollm, kv_cache_dtype
@@ -94,7 +95,7 @@ def test_bfloat16_model_over_8_bit_kv_gives_the_python_layers_exact_logprobs(
     )
 
 
-@needs_amx
+@needs_bfloat16_linear
 def test_bfloat16_gemma3_gives_the_python_layers_exact_logprobs(monkeypatch):
     """Gemma's norms in bfloat16, and its tanh-GELU taken through torch in the loop too."""
     gemma = load_model("gemma3-270m", torch.bfloat16)
@@ -141,8 +142,8 @@ def test_applies_to_decodes_and_short_chunks_over_cache_only(smollm, quantized_s
 def test_stays_off_where_a_kernel_is_missing(smollm, bf16_smollm, quantized_smollm, monkeypatch):
     assert make_engine(quantized_smollm("smoothquant"), "native").runner.decode_loop is None
     assert make_engine(smollm, "native", kv_cache="none").runner.decode_loop is None
-    no_amx_tiles = make_engine(bf16_smollm, "native", dtype="bfloat16", prepack_weights=False)
-    assert no_amx_tiles.runner.decode_loop is None
+    unpacked = make_engine(bf16_smollm, "native", dtype="bfloat16", prepack_weights=False)
+    assert unpacked.runner.decode_loop is None
     monkeypatch.setattr(ops, "_NATIVE", None)
     assert make_engine(smollm, "native").runner.decode_loop is None
 

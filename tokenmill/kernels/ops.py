@@ -45,7 +45,7 @@ SKINNY_MAX_ROWS = 32
 # GFLOP/s oneDNN-prepacked vs plain: 33 rows 86 vs 58, 64 rows 105 vs 67, 256 rows 128 vs 111,
 # 512 rows 119 vs 125, 2048 rows 132 vs 147; at 1 row (no native kernels) 16.5 vs 12.0 GB/s. The
 # native kernel measured 1.1-1.5x oneDNN's at 24-256 rows (csrc/packed_linear.cpp). For a
-# bfloat16 weight on AMX (csrc/amx_linear.cpp) the same bound holds: SmolLM2's layer products,
+# bfloat16 weight on AMX (csrc/bfloat16_linear.cpp) the same bound holds: SmolLM2's layer products,
 # TFLOP/s AMX vs torch's bfloat16 GEMM, 64 rows 0.87 vs 0.56, 256 rows 1.50 vs 1.21, 512 rows
 # 1.70 vs 1.76, 2048 rows 1.25 vs 2.56.
 PREPACKED_MAX_ROWS = 256
@@ -98,9 +98,15 @@ _NATIVE = _load_native()
 
 
 def amx_available() -> bool:
-    """Whether bfloat16 products run on AMX: the native kernels loaded, and the CPU has AMX and
-    Linux let this process use it (asked once)."""
+    """Whether AMX tiles run here: the native kernels loaded, and the CPU has AMX and Linux let
+    this process use it (asked once)."""
     return _NATIVE is not None and _NATIVE.amx_available()
+
+
+def bfloat16_linear_available() -> bool:
+    """Whether bfloat16 products run natively on a packed weight: on AMX tiles, or with
+    AVX512-BF16 dot products where the CPU has those but no AMX (AMD Zen 4, Intel Cooper Lake)."""
+    return _NATIVE is not None and _NATIVE.bfloat16_linear_available()
 
 
 def backend() -> str:
@@ -118,9 +124,9 @@ def linear(
     kernel on `prepacked` (from `prepack_linear_weight`) up to PREPACKED_MAX_ROWS rows of x,
     else the skinny kernel on the plain weight up to SKINNY_MAX_ROWS. With torch's: oneDNN on
     `prepacked` from past TORCH_PLAIN_MAX_ROWS up to PREPACKED_MAX_ROWS. A bfloat16 weight: AMX
-    on `prepacked` up to PREPACKED_MAX_ROWS, else (no AMX) the skinny kernel up to
-    BFLOAT16_SKINNY_MAX_ROWS, their outputs rounded to bfloat16 as torch's are. Everything else:
-    torch's GEMM on the plain weight."""
+    or AVX512-BF16 on `prepacked` up to PREPACKED_MAX_ROWS, else (neither) the skinny kernel up
+    to BFLOAT16_SKINNY_MAX_ROWS, their outputs rounded to bfloat16 as torch's are. Everything
+    else: torch's GEMM on the plain weight."""
     rows = x.numel() // max(x.shape[-1], 1) if x.dim() >= 1 else 0
     inference = not (x.requires_grad and torch.is_grad_enabled())
     packed_fits = prepacked is not None and inference and rows <= PREPACKED_MAX_ROWS
@@ -131,9 +137,9 @@ def linear(
     if packed_fits and rows >= 1 and _native_friendly((x,)):
         n = weight.shape[0]
         return _flat_rows(_NATIVE.packed_linear, x, n, prepacked, n, bias)
-    if packed_fits and rows >= 1 and _native_friendly((x,), torch.bfloat16):  # AMX tiles
+    if packed_fits and rows >= 1 and _native_friendly((x,), torch.bfloat16):
         n = weight.shape[0]
-        return _flat_rows(_NATIVE.amx_linear, x, n, prepacked, n, bias)
+        return _flat_rows(_NATIVE.bfloat16_linear, x, n, prepacked, n, bias)
     if _skinny_linear_fits(x, weight, bias):
         return _flat_rows(_NATIVE.linear, x, weight.shape[0], weight, bias)
     if _skinny_linear_fits(x, weight, bias, BFLOAT16_SKINNY_MAX_ROWS, torch.bfloat16):
@@ -181,10 +187,11 @@ def prepack_linear_weight(weight: torch.Tensor, batch_hint: int) -> torch.Tensor
     kernel's panels, or under torch's kernels oneDNN's blocked format for about `batch_hint` rows
     of x. None where neither applies (torch without oneDNN, a weight not float32 on the CPU). The
     copy is extra memory: the plain weight stays for the other paths. A bfloat16 weight, where
-    the native kernels load and the CPU has AMX: the tiles `amx_linear` reads."""
-    if weight.dtype == torch.bfloat16 and weight.is_cpu and amx_available():
+    the native kernels load and the CPU has AMX or AVX512-BF16: the tiles `bfloat16_linear`
+    reads."""
+    if weight.dtype == torch.bfloat16 and weight.is_cpu and bfloat16_linear_available():
         with torch.no_grad():
-            return _NATIVE.pack_amx_weight(weight.detach())
+            return _NATIVE.pack_bfloat16_weight(weight.detach())
     if not (weight.dtype == torch.float32 and weight.is_cpu):
         return None
     with torch.no_grad():
@@ -950,23 +957,23 @@ def fp8_linear_kernel(
     return _NATIVE.LinearKernel.fp8(qweight, scales, bias)
 
 
-def amx_bfloat16_linear_kernel(
+def bfloat16_linear_kernel(
     prepacked: torch.Tensor | None, out_features: int, bias: torch.Tensor | None
 ) -> object | None:
-    """The native loop's handle on a bfloat16 linear with its AMX tiles (`prepack_linear_weight`
-    on a CPU with AMX); None without them."""
-    if _NATIVE is None or prepacked is None or not amx_available():
+    """The native loop's handle on a bfloat16 linear with its packed tiles (`prepack_linear_weight`
+    on a CPU with AMX or AVX512-BF16); None without them."""
+    if _NATIVE is None or prepacked is None or not bfloat16_linear_available():
         return None
     if prepacked.dtype != torch.bfloat16 or not (bias is None or bias.dtype == torch.bfloat16):
         return None
-    return _NATIVE.LinearKernel.amx_bfloat16(prepacked, out_features, bias)
+    return _NATIVE.LinearKernel.bfloat16(prepacked, out_features, bias)
 
 
 def linear_kernel_max_rows(kernel: Any) -> int:
     """The most rows of x the loop may hand this kernel: wider products run elsewhere (torch's
     GEMM, or the quantized weights expanded tile by tile). A float32 weight with a packed copy,
-    and a bfloat16 one on AMX, take what the packed products take."""
-    if (kernel.kind == "float32" and kernel.has_packed) or kernel.kind == "amx_bfloat16":
+    and a bfloat16 one, take what the packed products take."""
+    if (kernel.kind == "float32" and kernel.has_packed) or kernel.kind == "bfloat16":
         return PREPACKED_MAX_ROWS
     return SKINNY_MAX_ROWS if kernel.kind in ("float32", "fp8") else QUANT_KERNEL_MAX_ROWS
 

@@ -139,7 +139,7 @@ def run_step(
 def _layer_weights(layer: LlamaDecoderLayer | Gemma3DecoderLayer) -> tuple[object, int] | None:
     """A layer's weights for the native loop and the most tokens its kernels take, or None when
     a linear has no native kernel or the norms are not of the linears' dtype (float32, or
-    bfloat16 with AMX linears)."""
+    bfloat16 with bfloat16 linears)."""
     attn, mlp = layer.self_attn, layer.mlp
     linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     kernels = [linear.native_kernel() for linear in linears]
@@ -157,9 +157,9 @@ def _layer_weights(layer: LlamaDecoderLayer | Gemma3DecoderLayer) -> tuple[objec
     norms = [n.weight for n in (layer.input_layernorm, mlp_norm, *gemma_norms)]
     if mlp.activation not in ACTIVATIONS or any(k is None for k in kernels):
         return None
-    on_amx = [k.kind == "amx_bfloat16" for k in kernels]
-    dtype = torch.bfloat16 if all(on_amx) else torch.float32
-    if any(on_amx) != all(on_amx) or any(n.dtype != dtype for n in norms):
+    on_bfloat16 = [k.kind == "bfloat16" for k in kernels]
+    dtype = torch.bfloat16 if all(on_bfloat16) else torch.float32
+    if any(on_bfloat16) != all(on_bfloat16) or any(n.dtype != dtype for n in norms):
         return None
     qkv, o, gate_up, down = kernels
     weights = ops.decoder_layer_weights(

@@ -48,9 +48,9 @@ class Linear(nn.Linear):
 
     def native_kernel(self) -> object | None:
         """These weights bound to their kernel for the native decode loop (None: none): a float32
-        weight's skinny or packed kernel, a bfloat16 one's AMX tiles."""
+        weight's skinny or packed kernel, a bfloat16 one's packed tiles."""
         if self.weight.dtype == torch.bfloat16:
-            return ops.amx_bfloat16_linear_kernel(self.prepacked, self.out_features, self.bias)
+            return ops.bfloat16_linear_kernel(self.prepacked, self.out_features, self.bias)
         return ops.float32_linear_kernel(self.weight, self.bias, self.prepacked)
 
 

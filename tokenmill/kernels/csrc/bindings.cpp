@@ -21,12 +21,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("amx_available", &tokenmill::amx_available,
         "whether this CPU and OS run AMX tiles (asks Linux for the tile state once)");
-  m.def("pack_amx_weight", &tokenmill::pack_amx_weight,
-        "bfloat16 W [N, K] as AMX B tiles [ceil(N / 16), ceil(K / 32) * 16, 16, 2] for amx_linear",
+  m.def("bfloat16_linear_available", &tokenmill::bfloat16_linear_available,
+        "whether bfloat16_linear runs here: AMX tiles, or AVX512-BF16 dot products");
+  m.def("pack_bfloat16_weight", &tokenmill::pack_bfloat16_weight,
+        "bfloat16 W [N, K] as AMX B tiles [ceil(N / 16), ceil(K / 32) * 16, 16, 2] for "
+        "bfloat16_linear",
         py::arg("weight"), py::call_guard<py::gil_scoped_release>());
-  m.def("amx_linear", &tokenmill::amx_linear,
-        "y = x W^T + b in bfloat16 on AMX, W from pack_amx_weight (n = W's rows)", py::arg("x"),
-        py::arg("packed"), py::arg("n"), py::arg("bias"), py::call_guard<py::gil_scoped_release>());
+  m.def("bfloat16_linear", &tokenmill::bfloat16_linear,
+        "y = x W^T + b in bfloat16 on AMX or AVX512-BF16, W from pack_bfloat16_weight (n = W's "
+        "rows)",
+        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("bias"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("fp8_linear", &tokenmill::fp8_linear,
         "y = x W^T + b for skinny float32 x, W fp8 e4m3 with a float32 scale per row",
         py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("bias"),
@@ -102,8 +107,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                    return "int4";
                                  case LinearKernel::Kind::kFp8:
                                    return "fp8";
-                                 case LinearKernel::Kind::kAmxBfloat16:
-                                   return "amx_bfloat16";
+                                 case LinearKernel::Kind::kBfloat16:
+                                   return "bfloat16";
                                  default:
                                    return "float32";
                                }
@@ -116,7 +121,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                   py::arg("mins"), py::arg("n"), py::arg("group_size"), py::arg("bias"))
       .def_static("fp8", &LinearKernel::fp8, py::arg("qweight"), py::arg("scales"),
                   py::arg("bias"))
-      .def_static("amx_bfloat16", &LinearKernel::amx_bfloat16, py::arg("packed"), py::arg("n"),
+      .def_static("bfloat16", &LinearKernel::bfloat16, py::arg("packed"), py::arg("n"),
                   py::arg("bias"));
   using OptionalTensor = std::optional<at::Tensor>;
   py::class_<tokenmill::DecoderLayerWeights>(m, "DecoderLayerWeights")

@@ -50,11 +50,12 @@ LinearKernel LinearKernel::fp8(at::Tensor qweight, at::Tensor scales,
   return {Kind::kFp8, std::move(qweight), std::move(scales), {}, 0, std::move(bias), {}, n};
 }
 
-LinearKernel LinearKernel::amx_bfloat16(at::Tensor packed, int64_t n,
-                                        std::optional<at::Tensor> bias) {
-  TORCH_CHECK(amx_available(), "LinearKernel.amx_bfloat16: this CPU or OS does not provide AMX");
+LinearKernel LinearKernel::bfloat16(at::Tensor packed, int64_t n,
+                                    std::optional<at::Tensor> bias) {
+  TORCH_CHECK(bfloat16_linear_available(),
+              "LinearKernel.bfloat16: this CPU or OS provides neither AMX nor AVX512-BF16");
   if (bias.has_value()) bias = bias->to(at::kFloat).contiguous();
-  return {Kind::kAmxBfloat16, std::move(packed), {}, {}, 0, std::move(bias), {}, n};
+  return {Kind::kBfloat16, std::move(packed), {}, {}, 0, std::move(bias), {}, n};
 }
 
 void LinearKernel::check(const std::string& name, int64_t k, int64_t n) const {
@@ -78,8 +79,8 @@ void LinearKernel::check(const std::string& name, int64_t k, int64_t n) const {
       check_fp8_weight(op, weight, scales);
       TORCH_CHECK(weight.size(1) == k, op, ": weight must have ", k, " inputs");
       return;
-    case Kind::kAmxBfloat16:
-      return check_amx_linear_weight(op, weight, n, k);
+    case Kind::kBfloat16:
+      return check_bfloat16_linear_weight(op, weight, n, k);
   }
 }
 
@@ -93,8 +94,8 @@ int64_t LinearKernel::scratch_bytes(int64_t m, int64_t k) const {
       return int4_linear_scratch_bytes(m, k);
     case Kind::kFp8:
       return 0;
-    case Kind::kAmxBfloat16:
-      return amx_linear_scratch_bytes(m, k);
+    case Kind::kBfloat16:
+      return bfloat16_linear_scratch_bytes(m, k);
   }
   return 0;
 }
@@ -111,8 +112,8 @@ void LinearKernel::run(const at::Tensor& x, const at::Tensor& y, void* scratch) 
       return int4_linear_team(x, weight, scales, mins, group_size, b, y, scratch);
     case Kind::kFp8:
       return fp8_linear_team(x, weight, scales, b, y);
-    case Kind::kAmxBfloat16:
-      return amx_linear_team(x, weight, b, y, scratch);
+    case Kind::kBfloat16:
+      return bfloat16_linear_team(x, weight, b, y, scratch);
   }
 }
 
@@ -191,8 +192,8 @@ DecodeLoop::DecodeLoop(std::vector<DecoderLayerWeights> layers, int64_t num_head
     check_norm(layer.attention_out_norm, hidden_size_, dtype_, name + "attention_out_norm", true);
     check_norm(layer.mlp_out_norm, hidden_size_, dtype_, name + "mlp_out_norm", true);
     for (const LinearKernel* linear : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
-      TORCH_CHECK((linear->kind == LinearKernel::Kind::kAmxBfloat16) == (dtype_ == at::kBFloat16),
-                  name, "linears must run on AMX in a bfloat16 model, and only there");
+      TORCH_CHECK((linear->kind == LinearKernel::Kind::kBfloat16) == (dtype_ == at::kBFloat16),
+                  name, "linears must be bfloat16 ones in a bfloat16 model, and only there");
     layer.qkv.check(name + "qkv", hidden_size_, q_size + 2 * kv_size);
     layer.o.check(name + "o", q_size, hidden_size_);
     layer.gate_up.check(name + "gate_up", hidden_size_, gated);

@@ -16,12 +16,13 @@ namespace tokenmill {
 
 // One linear layer's weights in a format the skinny kernels read, and the kernel to use; a
 // float32 layer may also carry a packed copy (pack_linear_weight), which then serves every
-// product. A bfloat16 model's layers run on AMX tiles (pack_amx_weight's copy).
+// product. A bfloat16 model's layers run on AMX tiles or AVX512-BF16 (pack_bfloat16_weight's
+// copy).
 struct LinearKernel {
-  enum class Kind { kFloat32, kInt8, kInt4, kFp8, kAmxBfloat16 };
+  enum class Kind { kFloat32, kInt8, kInt4, kFp8, kBfloat16 };
 
   Kind kind;
-  at::Tensor weight;  // float32 [N, K], fp8 codes [N, K], int8 / int4 panels, or AMX B tiles
+  at::Tensor weight;  // float32 [N, K], fp8 codes [N, K], int8 / int4 panels, or bfloat16 B tiles
   at::Tensor scales;
   at::Tensor mins;
   int64_t group_size;
@@ -36,7 +37,7 @@ struct LinearKernel {
   static LinearKernel int4(at::Tensor values, at::Tensor scales, at::Tensor mins, int64_t n,
                            int64_t group_size, std::optional<at::Tensor> bias);
   static LinearKernel fp8(at::Tensor qweight, at::Tensor scales, std::optional<at::Tensor> bias);
-  static LinearKernel amx_bfloat16(at::Tensor packed, int64_t n, std::optional<at::Tensor> bias);
+  static LinearKernel bfloat16(at::Tensor packed, int64_t n, std::optional<at::Tensor> bias);
 
   // Throws unless the weights hold n outputs of k inputs; `name` says which layer.
   void check(const std::string& name, int64_t k, int64_t n) const;
@@ -50,7 +51,7 @@ struct LinearKernel {
 // gate/up, down. Gemma 3 adds the optional parts: per-head q and k norms and norms of the
 // attention and MLP outputs (undefined tensors for Llama). Each layer has its own rotary table
 // and sliding window (0: the whole context), as Gemma's local and global layers differ. The norms
-// are float32 with float32, fp8 or integer linears and bfloat16 with AMX ones: the model's
+// are float32 with float32, fp8 or integer linears and bfloat16 with bfloat16 ones: the model's
 // dtype, which its activations and KV caches then have too.
 struct DecoderLayerWeights {
   at::Tensor input_norm;

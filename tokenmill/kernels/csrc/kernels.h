@@ -17,9 +17,10 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                       const std::optional<at::Tensor>& bias);
 bool amx_available();
-at::Tensor pack_amx_weight(const at::Tensor& weight);
-at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
-                      const std::optional<at::Tensor>& bias);
+bool bfloat16_linear_available();
+at::Tensor pack_bfloat16_weight(const at::Tensor& weight);
+at::Tensor bfloat16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                           const std::optional<at::Tensor>& bias);
 at::Tensor dequantize_fp8(const at::Tensor& qweight, const at::Tensor& scales);
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens,

@@ -14,7 +14,7 @@
 // float32 products at 64 rows: 64.6 ms against 60.2). Near the end of W the streaming addresses
 // run past it, which is harmless: a prefetch never faults.
 //
-// The AMX kernel (amx_linear.cpp) has the same passes but gained nothing from either kind:
+// The AMX kernel (bfloat16_linear.cpp) has the same passes but gained nothing from either kind:
 // SmolLM2's 121 bfloat16 products at 64 rows took 18.8 ms without, 19.7 with the streaming and
 // 19.2 with the next panels; what holds it at 64 rows is not the DRAM stream.
 

@@ -39,7 +39,8 @@ std::pair<at::Tensor, at::Tensor> check_decode_attention(const char* op, const a
 // once and then run many products with it: each throws unless the tensors hold n outputs of k
 // inputs in the layout of their kernel.
 void check_packed_linear_weight(const char* op, const at::Tensor& packed, int64_t n, int64_t k);
-void check_amx_linear_weight(const char* op, const at::Tensor& packed, int64_t n, int64_t k);
+void check_bfloat16_linear_weight(const char* op, const at::Tensor& packed, int64_t n,
+                                  int64_t k);
 void check_int8_panels(const char* op, const at::Tensor& values, const at::Tensor& scales,
                        int64_t n, int64_t k, int64_t group_size);
 void check_int4_panels(const char* op, const at::Tensor& values, const at::Tensor& scales,
@@ -89,11 +90,11 @@ void fp8_linear_team(const at::Tensor& x, const at::Tensor& qweight, const at::T
 int64_t packed_linear_scratch_bytes(int64_t m, int64_t k);
 void packed_linear_team(const at::Tensor& x, const at::Tensor& packed, const float* bias,
                         const at::Tensor& y, void* scratch);
-// A bfloat16 product on AMX tiles (amx_available() must hold): x and y bfloat16, x's rows
-// contiguous, the bias (nullptr: none) float32.
-int64_t amx_linear_scratch_bytes(int64_t m, int64_t k);
-void amx_linear_team(const at::Tensor& x, const at::Tensor& packed, const float* bias,
-                     const at::Tensor& y, void* scratch);
+// A bfloat16 product on AMX tiles or AVX512-BF16 (bfloat16_linear_available() must hold): x and
+// y bfloat16, x's rows contiguous, the bias (nullptr: none) float32.
+int64_t bfloat16_linear_scratch_bytes(int64_t m, int64_t k);
+void bfloat16_linear_team(const at::Tensor& x, const at::Tensor& packed, const float* bias,
+                          const at::Tensor& y, void* scratch);
 int64_t int8_linear_scratch_bytes(int64_t m, int64_t k);
 int64_t int4_linear_scratch_bytes(int64_t m, int64_t k);
 void int8_linear_team(const at::Tensor& x, const at::Tensor& values, const at::Tensor& scales,
