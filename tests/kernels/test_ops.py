@@ -81,19 +81,30 @@ def test_prepacked_linear_matches_f_linear(rows: int, with_bias: bool) -> None:
 
 
 def assert_prepacked_serves_only_inference_batches_up_to_its_limit(
-    linear_ops, calls: list[int]
+    linear_ops, calls: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`calls` collects the row counts the prepacked kernel saw."""
+    """`calls` collects the row counts the prepacked kernel saw. Its limit is PREPACKED_MAX_ROWS
+    where MKL's GEMM is ahead past it (Intel CPUs), none elsewhere; both are set here."""
     weight = torch.randn(40, 24)
     prepacked = linear_ops.prepack_linear_weight(weight, 64)
     wide = torch.randn(linear_ops.PREPACKED_MAX_ROWS + 1, 24)
+    monkeypatch.setattr(linear_ops, "FLOAT32_PREPACKED_MAX_ROWS", linear_ops.PREPACKED_MAX_ROWS)
     assert torch.equal(linear_ops.linear(wide, weight, None, prepacked), F.linear(wide, weight))
     trained = torch.randn(40, 24, requires_grad=True)
     linear_ops.linear(trained, weight, None, prepacked).sum().backward()  # autograd: torch's GEMM
     assert trained.grad is not None
     linear_ops.linear(torch.randn(40, 24), weight, None, prepacked)
     assert calls == [40]
+    monkeypatch.setattr(linear_ops, "FLOAT32_PREPACKED_MAX_ROWS", sys.maxsize)
+    out = linear_ops.linear(wide, weight, None, prepacked)
+    assert calls == [40, wide.shape[0]]
+    assert relative_error(out, F.linear(wide, weight)) < LINEAR_MAX_RELATIVE_ERROR
     assert linear_ops.prepack_linear_weight(weight.half(), 64) is None
+
+
+def test_float32_packed_copies_take_every_width_where_mkl_is_not_intels() -> None:
+    expected = ops.PREPACKED_MAX_ROWS if ops.INTEL_CPU else sys.maxsize
+    assert expected == ops.FLOAT32_PREPACKED_MAX_ROWS
 
 
 @pytest.fixture
@@ -114,9 +125,9 @@ def onednn_rows(monkeypatch: pytest.MonkeyPatch, reloaded_ops):
 
 @needs_onednn
 def test_onednn_prepacked_weight_serves_only_inference_batches_up_to_its_limit(
-    onednn_rows,
+    onednn_rows, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert_prepacked_serves_only_inference_batches_up_to_its_limit(*onednn_rows)
+    assert_prepacked_serves_only_inference_batches_up_to_its_limit(*onednn_rows, monkeypatch)
 
 
 @needs_onednn
@@ -147,7 +158,7 @@ def test_native_prepacked_weight_serves_only_inference_batches_up_to_its_limit(
             return native.packed_linear(x, *args)
 
     monkeypatch.setattr(ops, "_NATIVE", Counting())
-    assert_prepacked_serves_only_inference_batches_up_to_its_limit(ops, calls)
+    assert_prepacked_serves_only_inference_batches_up_to_its_limit(ops, calls, monkeypatch)
 
 
 @needs_native

@@ -49,6 +49,12 @@ SKINNY_MAX_ROWS = 32
 # TFLOP/s AMX vs torch's bfloat16 GEMM, 64 rows 0.87 vs 0.56, 256 rows 1.50 vs 1.21, 512 rows
 # 1.70 vs 1.76, 2048 rows 1.25 vs 2.56.
 PREPACKED_MAX_ROWS = 256
+# MKL takes its fast paths on Intel CPUs only. Elsewhere a float32 product of any number of rows
+# runs faster on the packed copy than on MKL's plain-weight GEMM, so there every float32 product
+# with a packed copy takes it: on a 2-core AMD EPYC (Zen 4), SmolLM2's layer products at 512 and
+# 2,048 rows, GFLOP/s, native 201-214, oneDNN's 209-223, MKL's 177-203.
+INTEL_CPU = _intel_cpu()
+FLOAT32_PREPACKED_MAX_ROWS = PREPACKED_MAX_ROWS if INTEL_CPU else sys.maxsize
 # Under torch's kernels, up to this many rows MKL's product on the plain weight streams faster
 # than oneDNN's GEMM on the packed copy where the CPU is an Intel one with AVX-512. All 121 of
 # SmolLM2's products, GB/s plain vs packed, on a 2-core AVX-512 Xeon: 1 row 26.3 vs 20.0, 2 rows
@@ -56,9 +62,7 @@ PREPACKED_MAX_ROWS = 256
 # packed won at one row (16.5 vs 12.0). MKL takes its fast paths on Intel CPUs only: on a 2-core
 # AMD EPYC (Zen 4) its one-row products ran at 11 GB/s whatever the threads (the 49,152-row LM
 # head 9.8 ms) against oneDNN's 26 (4.3 ms).
-TORCH_PLAIN_MAX_ROWS = (
-    3 if torch.backends.cpu.get_cpu_capability() == "AVX512" and _intel_cpu() else 0
-)
+TORCH_PLAIN_MAX_ROWS = 3 if torch.backends.cpu.get_cpu_capability() == "AVX512" and INTEL_CPU else 0
 # Up to this many rows of x, the skinny kernel on a bfloat16 weight (widened to float32 as it is
 # read) beats torch's bfloat16 product, which streamed SmolLM2's weights at about 12 GB/s at any
 # batch from 1 to 32 rows (oneDNN, with AMX, on a 2-core AVX-512 Xeon). All 121 products, ms,
@@ -121,15 +125,16 @@ def linear(
     prepacked: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`F.linear` (x: [..., K], weight: [N, K], bias: [N]). With the native kernels: the packed
-    kernel on `prepacked` (from `prepack_linear_weight`) up to PREPACKED_MAX_ROWS rows of x,
-    else the skinny kernel on the plain weight up to SKINNY_MAX_ROWS. With torch's: oneDNN on
-    `prepacked` from past TORCH_PLAIN_MAX_ROWS up to PREPACKED_MAX_ROWS. A bfloat16 weight: AMX
-    or AVX512-BF16 on `prepacked` up to PREPACKED_MAX_ROWS, else (neither) the skinny kernel up
-    to BFLOAT16_SKINNY_MAX_ROWS, their outputs rounded to bfloat16 as torch's are. Everything
-    else: torch's GEMM on the plain weight."""
+    kernel on `prepacked` (from `prepack_linear_weight`) up to FLOAT32_PREPACKED_MAX_ROWS rows of
+    x, else the skinny kernel on the plain weight up to SKINNY_MAX_ROWS. With torch's: oneDNN on
+    `prepacked` from past TORCH_PLAIN_MAX_ROWS up to FLOAT32_PREPACKED_MAX_ROWS. A bfloat16
+    weight: AMX or AVX512-BF16 on `prepacked` up to PREPACKED_MAX_ROWS, else (neither) the
+    skinny kernel up to BFLOAT16_SKINNY_MAX_ROWS, their outputs rounded to bfloat16 as torch's
+    are. Everything else: torch's GEMM on the plain weight."""
     rows = x.numel() // max(x.shape[-1], 1) if x.dim() >= 1 else 0
     inference = not (x.requires_grad and torch.is_grad_enabled())
-    packed_fits = prepacked is not None and inference and rows <= PREPACKED_MAX_ROWS
+    max_rows = PREPACKED_MAX_ROWS if x.dtype == torch.bfloat16 else FLOAT32_PREPACKED_MAX_ROWS
+    packed_fits = prepacked is not None and inference and rows <= max_rows
     if _NATIVE is None:
         if packed_fits and rows > TORCH_PLAIN_MAX_ROWS:
             return torch.ops.mkldnn._linear_pointwise(x, prepacked, bias, "none", [], "")
