@@ -102,11 +102,6 @@ def assert_prepacked_serves_only_inference_batches_up_to_its_limit(
     assert linear_ops.prepack_linear_weight(weight.half(), 64) is None
 
 
-def test_float32_packed_copies_take_every_width_where_mkl_is_not_intels() -> None:
-    expected = ops.PREPACKED_MAX_ROWS if ops.INTEL_CPU else sys.maxsize
-    assert expected == ops.FLOAT32_PREPACKED_MAX_ROWS
-
-
 @pytest.fixture
 def onednn_rows(monkeypatch: pytest.MonkeyPatch, reloaded_ops):
     """`ops` under torch's kernels, and the row counts its oneDNN products see."""

@@ -235,9 +235,18 @@ at::Tensor pack_bfloat16_weight(const at::Tensor& weight) {
   return padded.view({panels, kPanel, kp / 2, 2}).permute({0, 2, 1, 3}).contiguous();
 }
 
+namespace {
+
+// Rows of the padded copy of x: AMX's tiles read whole blocks of 32 rows, the dot products only
+// the rows there are.
+int64_t padded_rows(int64_t m) {
+  return amx_available() ? (m + kRowBlock - 1) / kRowBlock * kRowBlock : m;
+}
+
+}  // namespace
+
 int64_t bfloat16_linear_scratch_bytes(int64_t m, int64_t k) {
-  const int64_t rows = amx_available() ? (m + kRowBlock - 1) / kRowBlock * kRowBlock : m;
-  return rows * ((k + kDepth - 1) / kDepth * kDepth) * sizeof(uint16_t);
+  return padded_rows(m) * ((k + kDepth - 1) / kDepth * kDepth) * sizeof(uint16_t);
 }
 
 void bfloat16_linear_team(const at::Tensor& x, const at::Tensor& packed, const float* bias,
@@ -246,7 +255,7 @@ void bfloat16_linear_team(const at::Tensor& x, const at::Tensor& packed, const f
   const int64_t panels = packed.size(0), kp = packed.size(1) * 2;
   // x with k padded to the packed depth (and for AMX rows to a multiple of 32), zeros past both:
   // W's padding is zeros too, and a zero times anything not finite would be NaN.
-  const int64_t mp = amx_available() ? (m + kRowBlock - 1) / kRowBlock * kRowBlock : m;
+  const int64_t mp = padded_rows(m);
   auto* xs = static_cast<uint16_t*>(scratch);
   const auto* x_rows = static_cast<const uint16_t*>(x.data_ptr());
 #pragma omp for schedule(static)
