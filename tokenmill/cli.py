@@ -330,7 +330,7 @@ def cmd_bench_anchors(ns: argparse.Namespace) -> int:
 
 
 def cmd_train_eagle(ns: argparse.Namespace) -> int:
-    from tokenmill.spec.eagle_train import TrainingConfig, train_eagle
+    from tokenmill.train.eagle import TrainingConfig, train_eagle
 
     config = TrainingConfig(
         num_prompts=ns.num_prompts,

@@ -1,4 +1,5 @@
-"""The model's shape, read once from GGUF metadata or config.json and shared by loader and model."""
+"""Plain settings shared by every layer: the model's shape (read once from GGUF metadata or
+config.json) and the engine's switches with their checks. Imports nothing of tokenmill."""
 
 from __future__ import annotations
 
@@ -58,6 +59,8 @@ KV_CACHE_MODES = ("none", "contiguous", "paged")
 # KV head (tokenmill/kv/quantized.py, docs/quantization.md).
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 SCHEDULERS = ("continuous", "static")
+# Weight quantization methods by name (tokenmill/quant/registry.py holds their implementations).
+QUANTIZATION_METHODS = ("none", "int8", "int4", "gguf", "gptq", "awq", "smoothquant", "fp8")
 DECODE_LOOPS = ("native", "python")
 SPECULATIVE_METHODS = ("ngram", "draft", "eagle")
 # How a draft model picks a sampled request's drafts: "argmax" (the baseline) keeps a seeded
@@ -115,14 +118,15 @@ class EngineArgs:
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
     max_model_len: int | None = None
-    # Weight quantization at load time (docs/quantization.md): "none", "int8", "int4", "gguf".
+    # Weight quantization at load time (docs/quantization.md), one of QUANTIZATION_METHODS.
     quantization: str = "none"
     # "native": a decode step's layers in one C++ call when every kernel has a native version
     # (tokenmill/model/decode_loop.py); "python": layer by layer, the baseline.
     decode_loop: str = "native"
-    # Products with more rows than the skinny kernels take (up to 256) run oneDNN's GEMM on a
-    # copy of each float weight laid out for it at engine start (more weight memory); False runs
-    # torch's GEMM on the plain weights, the baseline.
+    # Keep a second copy of each float weight, laid out at engine start for batched products
+    # (more weight memory): with the native kernels the packed kernel reads it (bfloat16 as
+    # AMX / AVX512-BF16 tiles), with TOKENMILL_KERNELS=torch oneDNN's GEMM does. False, the
+    # baseline: the skinny kernel on the plain weights for a few rows, torch's GEMM beyond.
     prepack_weights: bool = True
     # glibc's malloc keeps freed tensors' pages for reuse instead of returning them to the OS,
     # process-wide from the first engine on (tokenmill/engine/host_memory.py); False leaves
@@ -158,10 +162,8 @@ class EngineArgs:
             _positive_int(name, getattr(self, name))
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len)
-        from tokenmill.quant.registry import check_quantization  # imports the model code
-
-        check_quantization(self.quantization)
-        check_quantization(self.draft_quantization, "draft_quantization")
+        _one_of("quantization", self.quantization, QUANTIZATION_METHODS)
+        _one_of("draft_quantization", self.draft_quantization, QUANTIZATION_METHODS)
         _check_speculation(self)
 
 

@@ -12,9 +12,9 @@ import torch
 from tokenmill.config import EngineArgs
 from tokenmill.engine.engine import LLMEngine
 from tokenmill.engine.outputs import RequestOutput
-from tokenmill.engine.request import FinishReason
-from tokenmill.engine.runner import kv_bytes_per_token
+from tokenmill.kv.layout import kv_bytes_per_token
 from tokenmill.loader.model_loader import LoadedModel
+from tokenmill.request import FinishReason
 from tokenmill.sampling.params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

@@ -38,5 +38,6 @@ def test_freed_tensor_pages_are_reused_instead_of_faulted_in_again():
     assert off > 0 and on * 5 <= off
 
 
-def test_reuse_is_idempotent():
-    assert reuse_freed_memory() == reuse_freed_memory()
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_reuse_is_applied_where_the_c_library_has_mallopt():
+    assert reuse_freed_memory() is True

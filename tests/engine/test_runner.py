@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from tokenmill.engine.runner import ModelRunner
-from tokenmill.engine.scheduler import SchedulerOutput
+from tokenmill.scheduler_output import SchedulerOutput
 
 
 def paged_cache(seed: int) -> torch.Tensor:

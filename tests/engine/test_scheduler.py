@@ -6,14 +6,16 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenmill.engine.request import FinishReason, Request
-from tokenmill.engine.scheduler import Scheduler, SchedulerOutput
-from tokenmill.kv.kv_manager import KVCacheManager
+from tokenmill.engine.admission import StaticAdmission
+from tokenmill.engine.scheduler import Scheduler
+from tokenmill.kv.paged import PagedKVManager
+from tokenmill.request import FinishReason, Request
 from tokenmill.sampling.params import SamplingParams
+from tokenmill.scheduler_output import SchedulerOutput
 
 
 def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, budget=64, **kwargs) -> Scheduler:
-    kv = KVCacheManager(num_blocks, block_size)
+    kv = PagedKVManager(num_blocks, block_size)
     return Scheduler(kv, max_num_seqs, budget, **kwargs)
 
 
@@ -86,7 +88,7 @@ def test_preemption_frees_the_latest_arrival_and_it_resumes():
 
 
 def test_static_batching_admits_nothing_while_a_batch_runs():
-    scheduler = make_scheduler(static_batching=True)
+    scheduler = make_scheduler(admission=StaticAdmission())
     scheduler.add_request(make_request("a", 4, max_tokens=3))
     fake_step(scheduler)
     scheduler.add_request(make_request("b", 4))
@@ -95,7 +97,7 @@ def test_static_batching_admits_nothing_while_a_batch_runs():
 
 
 def test_static_batch_takes_max_num_seqs_requests_even_beyond_one_steps_budget():
-    scheduler = make_scheduler(max_num_seqs=4, budget=16, static_batching=True)
+    scheduler = make_scheduler(max_num_seqs=4, budget=16, admission=StaticAdmission())
     for i in range(6):
         scheduler.add_request(make_request(f"r{i}", 10, max_tokens=2))
     fake_step(scheduler)

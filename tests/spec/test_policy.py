@@ -3,9 +3,9 @@ rejected ones are rolled back, and when speculation steps aside."""
 
 from __future__ import annotations
 
-from tokenmill.engine.request import Request
 from tokenmill.engine.scheduler import Scheduler
-from tokenmill.kv.kv_manager import KVCacheManager
+from tokenmill.kv.paged import PagedKVManager
+from tokenmill.request import Request
 from tokenmill.sampling.params import SamplingParams
 from tokenmill.spec.policy import SpeculationPolicy
 
@@ -17,7 +17,7 @@ def policy(k=4, disable=None, adaptive=False, writes_kv=False) -> SpeculationPol
 
 
 def make_scheduler(spec: SpeculationPolicy, num_blocks=32, budget=64) -> Scheduler:
-    return Scheduler(KVCacheManager(num_blocks, BLOCK), 8, budget, speculation=spec)
+    return Scheduler(PagedKVManager(num_blocks, BLOCK), 8, budget, speculation=spec)
 
 
 def decoding_request(scheduler: Scheduler, request_id="a", prompt_len=6, max_tokens=50) -> Request:

@@ -36,7 +36,7 @@ from tokenmill.bench.workloads import (
 from tokenmill.config import EngineArgs, parse_dtype
 from tokenmill.engine.engine import LLMEngine
 from tokenmill.engine.outputs import RequestOutput
-from tokenmill.engine.runner import kv_bytes_per_token
+from tokenmill.kv.layout import kv_bytes_per_token
 from tokenmill.kv.quantized import cache_bytes, kv_head_bytes
 from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.sampling.params import SamplingParams

@@ -1,7 +1,8 @@
 """LLMEngine: requests in, RequestOutputs out, one `step()` at a time.
 
 A step is three calls in one direction: `scheduler.schedule()` -> `runner.execute()` ->
-`scheduler.update()`; the output processor then turns the new tokens into text.
+`scheduler.update()`; the output processor then turns the new tokens into text and reports the
+stop strings it finds, which the scheduler (the one owner of a request's end) applies.
 """
 
 from __future__ import annotations
@@ -10,26 +11,18 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from tokenmill.config import EngineArgs, parse_dtype
+from tokenmill.engine.admission import ADMISSION_POLICIES
 from tokenmill.engine.host_memory import reuse_freed_memory
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.outputs import RequestOutput
-from tokenmill.engine.request import FinishReason, Request
-from tokenmill.engine.runner import (
-    ModelRunner,
-    RunnerOutput,
-    allocate_kv_caches,
-    kv_bytes_per_token,
-)
-from tokenmill.engine.scheduler import Scheduler, SchedulerOutput
-from tokenmill.kv.kv_manager import KVCacheManager
+from tokenmill.engine.runner import ModelRunner
+from tokenmill.engine.scheduler import Scheduler
+from tokenmill.kv.layout import allocate_kv_caches, kv_bytes_per_token
+from tokenmill.kv.managers import make_kv_manager
 from tokenmill.loader.model_loader import LoadedModel, load_model
+from tokenmill.request import FinishReason, Request
 from tokenmill.sampling.params import SamplingParams
-from tokenmill.spec.draft_model import DraftModelProposer
-from tokenmill.spec.eagle import EagleProposer
-from tokenmill.spec.proposer import Proposer
 from tokenmill.spec.setup import build_proposer, load_draft, speculation_policy
 
 PromptInput = str | list[int] | Mapping[str, Any]
@@ -53,35 +46,28 @@ class LLMEngine:
             0 if draft is None else draft.kv_bytes_per_token(dtype)
         )
         self.num_blocks = int(args.kv_cache_memory) // (self.kv_bytes_per_token * args.block_size)
-        self.max_seq_len = self.max_model_len
-        kv_manager = None
+        self.kv_manager = make_kv_manager(
+            args.kv_cache,
+            self.num_blocks,
+            args.block_size,
+            args.enable_prefix_caching,
+            self.max_model_len,
+        )
+        capacity = self.kv_manager.max_tokens_per_request
+        self.max_seq_len = (
+            self.max_model_len if capacity is None else min(self.max_model_len, capacity)
+        )
         kv_caches = None
-        if args.kv_cache != "none":
-            # A sequence longer than the whole pool could never finish: it would preempt itself.
-            self.max_seq_len = min(self.max_model_len, self.num_blocks * args.block_size)
-            reserve = self.max_model_len if args.kv_cache == "contiguous" else None
-            if reserve is not None and reserve > self.max_seq_len:
-                raise ValueError(
-                    f"kv_cache='contiguous' reserves max_model_len={reserve} slots per request "
-                    f"but kv_cache_memory holds {self.max_seq_len}; raise kv_cache_memory or "
-                    "lower max_model_len"
-                )
-            kv_manager = KVCacheManager(
-                self.num_blocks,
-                args.block_size,
-                enable_prefix_caching=args.enable_prefix_caching and reserve is None,
-                reserve_tokens=reserve,
-            )
+        if self.kv_manager.holds_kv:
             kv_caches = allocate_kv_caches(
                 config, self.num_blocks, args.block_size, dtype, args.kv_cache_dtype
             )
-        self.kv_manager = kv_manager
         self.scheduler = Scheduler(
-            kv_manager,
+            self.kv_manager,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             enable_chunked_prefill=args.enable_chunked_prefill,
-            static_batching=args.scheduler == "static",
+            admission=ADMISSION_POLICIES[args.scheduler](),
             speculation=speculation_policy(args),
         )
         proposer = build_proposer(args, draft, kv_caches, self.num_blocks)
@@ -90,7 +76,6 @@ class LLMEngine:
             kv_caches,
             args.block_size,
             proposer=proposer,
-            drafter_kv_caches=_drafter_kv_caches(proposer),
             native_decode_loop=args.decode_loop == "native",
             prepack_batch_hint=args.prepack_batch_hint,
         )
@@ -99,9 +84,7 @@ class LLMEngine:
     @property
     def kv_cache_bytes(self) -> int:
         """Memory of the allocated KV pool (0 without a KV cache)."""
-        if self.kv_manager is None:
-            return 0
-        return self.num_blocks * self.args.block_size * self.kv_bytes_per_token
+        return self.kv_manager.num_blocks * self.args.block_size * self.kv_bytes_per_token
 
     def add_request(
         self,
@@ -135,36 +118,19 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         scheduled = self.scheduler.schedule()
         result = self.runner.execute(scheduled)
-        self.scheduler.update(scheduled, result.sampled, result.proposed)
-        self._charge_speculation_time(scheduled, result)
+        self.scheduler.update(
+            scheduled, result.sampled, result.proposed, result.verify_time_s, result.draft_time_s
+        )
         self.output_processor.add_prompt_logprobs(result.prompt_logprobs)
         progressed = [
             s.request for s in scheduled.scheduled if s.request.request_id in result.sampled
         ]
-        for request, stop in self.output_processor.update_text(progressed, result.logprobs):
-            self.scheduler.finish_requests([request.request_id], FinishReason.STOP)
-            # Also when a later token of the same step had already ended it another way.
-            request.finish_reason, request.stop_reason = FinishReason.STOP, stop
+        for hit in self.output_processor.update_text(progressed, result.logprobs):
+            self.scheduler.stop_at_string(hit.request, hit.num_output_tokens, hit.stop)
         for request in progressed:
             if request.is_finished:
                 self.runner.release(request.request_id)
         return self.output_processor.outputs(progressed)
-
-    def _charge_speculation_time(self, scheduled: SchedulerOutput, result: RunnerOutput) -> None:
-        """Each request that verified drafts pays the step's verify time, each that asked for
-        drafts the proposer's time; the engine-wide totals count each step once."""
-        verified = drafted = False
-        for item in scheduled.scheduled:
-            metrics = item.request.metrics.spec_decode
-            if item.spec_token_ids:
-                metrics.verify_time_s += result.verify_time_s
-                verified = True
-            if item.num_tokens_to_draft:
-                metrics.draft_time_s += result.draft_time_s
-                drafted = True
-        stats = self.scheduler.stats
-        stats.spec_verify_time_s += result.verify_time_s if verified else 0.0
-        stats.spec_draft_time_s += result.draft_time_s if drafted else 0.0
 
     def abort_request(self, request_id: str | list[str]) -> None:
         """Cancel requests (by the id given to add_request); their blocks are freed at once."""
@@ -213,16 +179,6 @@ class LLMEngine:
                 f"the KV cache holds {self.max_seq_len} tokens, too few for this "
                 f"{len(token_ids)}-token prompt; raise kv_cache_memory or lower max_model_len"
             )
-
-
-def _drafter_kv_caches(proposer: Proposer | None) -> list[torch.Tensor]:
-    """A drafter's own paged KV (a draft model's, an EAGLE head's): a block copied on write is
-    copied there too. An early-exit draft's KV is the target's own, already copied."""
-    if isinstance(proposer, EagleProposer):
-        return [proposer.kv_cache]
-    if isinstance(proposer, DraftModelProposer) and not proposer.draft.shares_target_kv:
-        return list(proposer.kv_caches)
-    return []
 
 
 def _child_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -2,11 +2,10 @@
 
 glibc's malloc serves each allocation above its mmap threshold (128 KiB, raised on the fly up to
 32 MiB) from fresh pages of its own mapping and unmaps them on free, and hands the heap's free
-top back to the OS past its trim threshold. A prefill chunk of 2,048 tokens allocates
-activations of 2-25 MB per layer, so every step faulted its working set in again, at about 8 us
-a fault on this machine: the first 2,048-token chunk of batch64 took 2.5 s with 131,657 faults,
-1.5 s with 4,054 once freed memory was kept. With both thresholds raised, malloc keeps the pages
-and hands them out again, the effect vLLM's CPU backend gets by preloading tcmalloc.
+top back to the OS past its trim threshold. A long prefill chunk allocates activations of
+megabytes per layer, so every step faulted its whole working set in again, page by page. With
+both thresholds raised, malloc keeps the pages and hands them out again, the effect vLLM's CPU
+backend gets by preloading tcmalloc (docs/benchmarks.md has the measured difference).
 
 The price: the process's resident memory stays at its peak instead of shrinking after a burst.
 """

@@ -38,12 +38,11 @@ class EngineStats:
     @classmethod
     def of(cls, engine: LLMEngine) -> EngineStats:
         scheduler, kv = engine.scheduler, engine.kv_manager
-        total = 0 if kv is None else kv.pool.num_blocks
         return cls(
             num_running=len(scheduler.running),
             num_waiting=scheduler.num_waiting,
-            kv_blocks_total=total,
-            kv_blocks_in_use=0 if kv is None else total - kv.pool.num_free_blocks,
+            kv_blocks_total=kv.num_blocks,
+            kv_blocks_in_use=kv.num_blocks - kv.num_free_blocks,
             num_preemptions=scheduler.stats.num_preemptions,
             prefix_cache_queried_tokens=scheduler.stats.num_prompt_tokens_queried,
             prefix_cache_hit_tokens=scheduler.stats.num_prompt_tokens_cached,

@@ -2,7 +2,8 @@
 
 Text that could still turn out to be the start of a stop string is held back from the visible
 output until the next tokens show it is not, so a streaming client never sees a stop string it
-should not (or half of one).
+should not (or half of one). A stop string found is reported to the engine, which has the
+scheduler end the request there: this module never changes a request.
 """
 
 from __future__ import annotations
@@ -10,10 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tokenmill.engine.outputs import CompletionOutput, RequestOutput
-from tokenmill.engine.request import Request
 from tokenmill.loader.detokenizer import IncrementalDetokenizer
 from tokenmill.loader.tokenizer import Tokenizer
+from tokenmill.request import Request
 from tokenmill.sampling.sampler import TokenLogprobs
+
+
+@dataclass(frozen=True)
+class StopStringHit:
+    """Output token `num_output_tokens` (counting from 1) completed stop string `stop`."""
+
+    request: Request
+    stop: str
+    num_output_tokens: int
 
 
 @dataclass
@@ -108,13 +118,13 @@ class OutputProcessor:
 
     def update_text(
         self, progressed: list[Request], logprobs: dict[str, list[TokenLogprobs]]
-    ) -> list[tuple[Request, str]]:
-        """Detokenize new tokens; returns (request, stop string) for each stop string found.
+    ) -> list[StopStringHit]:
+        """Detokenize new tokens; returns the stop strings found, one per request at most.
 
         A step may bring several tokens (accepted drafts). With stop strings they are added one
-        at a time, and the tokens after the one completing a stop string are dropped from the
-        request, so the output equals what one token per step would have given."""
-        stops = []
+        at a time, and the hit names the token completing the stop string: the tokens after it
+        are to be dropped, so the output equals what one token per step would have given."""
+        hits = []
         for request in progressed:
             _, seq = self._sequences[request.request_id]
             new_ids = request.output_token_ids[seq.num_processed_tokens :]
@@ -130,15 +140,14 @@ class OutputProcessor:
                 stop = self._find_stop(seq, searched_from)
                 if stop is not None:
                     num_kept = index + 1 if one_by_one else len(new_ids)
-                    request.truncate_output(seq.num_processed_tokens + num_kept)
-                    stops.append((request, stop))
+                    hits.append(StopStringHit(request, stop, seq.num_processed_tokens + num_kept))
                     break
-            seq.num_processed_tokens = len(request.output_token_ids)
+            seq.num_processed_tokens += num_kept
             entries = logprobs.get(request.request_id, [])[:num_kept]
             if seq.logprobs is not None:
                 seq.logprobs += entries
                 seq.cumulative_logprob += sum(entry.logprob for entry in entries)
-        return stops
+        return hits
 
     def outputs(self, requests: list[Request]) -> list[RequestOutput]:
         """One RequestOutput per parent among `requests`; finished parents are forgotten."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tokenmill.engine.request import RequestMetrics
+from tokenmill.request import RequestMetrics
 from tokenmill.sampling.sampler import TokenLogprobs
 
 

@@ -10,19 +10,16 @@ next ones.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from tokenmill.config import ModelConfig
-from tokenmill.engine.scheduler import ScheduledRequest, SchedulerOutput
-from tokenmill.kv.quantized import KVCache, allocate_kv_cache, copy_cache_blocks, kv_head_bytes
+from tokenmill.kv.layout import slot_mapping
+from tokenmill.kv.quantized import KVCache, copy_cache_blocks
 from tokenmill.model.attention import AttentionMetadata
 from tokenmill.model.decode_loop import NativeDecodeLoop, run_step
-from tokenmill.model.layers import prepack_linears
-from tokenmill.quant.linear import prepare_quant_linears
+from tokenmill.quant.prepare import prepare_weights
 from tokenmill.sampling.sampler import (
     Sampler,
     SamplingRow,
@@ -30,6 +27,7 @@ from tokenmill.sampling.sampler import (
     make_generator,
     token_logprobs,
 )
+from tokenmill.scheduler_output import ScheduledRequest, SchedulerOutput
 from tokenmill.spec.proposer import Proposer
 from tokenmill.spec.rejection import DraftsToVerify, RejectionSampler
 
@@ -47,42 +45,6 @@ class RunnerOutput:
     draft_time_s: float = 0.0  # the proposer
 
 
-def allocate_kv_caches(
-    config: ModelConfig,
-    num_blocks: int,
-    block_size: int,
-    dtype: torch.dtype,
-    kv_cache_dtype: str = "auto",
-) -> list[KVCache]:
-    """One cache per layer: `[2, num_blocks, block_size, kv_heads, d]` in `dtype` ("auto"), or
-    int8 / fp8 codes with their scales."""
-    heads, head_dim = config.num_key_value_heads, config.head_dim
-    return [
-        allocate_kv_cache(kv_cache_dtype, num_blocks, block_size, heads, head_dim, dtype)
-        for _ in range(config.num_hidden_layers)
-    ]
-
-
-def slot_mapping(block_ids: list[int], block_size: int, start: int, stop: int) -> list[int]:
-    """The flat cache slots of positions [start, stop) of a sequence with these blocks."""
-    return [block_ids[p // block_size] * block_size + p % block_size for p in range(start, stop)]
-
-
-def kv_bytes_per_token(
-    config: ModelConfig, dtype: torch.dtype, kv_cache_dtype: str = "auto"
-) -> int:
-    """2 (K and V) x layers x kv_heads x (head_dim x element size, + a scale when quantized)."""
-    per_head = kv_head_bytes(kv_cache_dtype, config.head_dim, dtype)
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * per_head
-
-
-def prepare_weights(model: nn.Module, batch_hint: int | None) -> None:
-    """The copies of the weights the kernels read, made at engine start so that no request
-    pays for them: float weights laid out for about `batch_hint` rows, quantized panels."""
-    prepack_linears(model, batch_hint)
-    prepare_quant_linears(model)
-
-
 class ModelRunner:
     def __init__(
         self,
@@ -90,12 +52,10 @@ class ModelRunner:
         kv_caches: list[KVCache] | None,
         block_size: int,
         proposer: Proposer | None = None,
-        drafter_kv_caches: Sequence[KVCache] = (),
         native_decode_loop: bool = True,
         prepack_batch_hint: int | None = None,
     ) -> None:
         """`kv_caches=None` runs without a KV cache: the scheduler then sends whole sequences.
-        `drafter_kv_caches`: a drafter's own KV, addressed through the same block ids.
         `native_decode_loop`: run decode steps' layers in one native call where the model and
         its weights allow (tokenmill/model/decode_loop.py).
         `prepack_batch_hint`: lay the float weights out for batched products of about that many
@@ -104,7 +64,8 @@ class ModelRunner:
         self.model = model
         self.kv_caches = kv_caches
         self.decode_loop = NativeDecodeLoop.build(model, kv_caches) if native_decode_loop else None
-        self.paged_caches = [*(kv_caches or ()), *drafter_kv_caches]
+        # Every cache a copy-on-write must reach: the target's and a drafter's own.
+        self.paged_caches = [*(kv_caches or ()), *(proposer.own_kv_caches if proposer else ())]
         self.block_size = block_size
         self.sampler = Sampler()
         self.rejection_sampler = RejectionSampler()

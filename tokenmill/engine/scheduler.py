@@ -2,9 +2,15 @@
 
 Running requests go first (a decode costs one token, an unfinished prompt a chunk), then
 waiting requests are admitted by (priority, arrival) while budget, sequence slots and KV blocks
-last. When a running request cannot get a block, the least important running request (highest
-priority value, then latest arrival) is preempted: its blocks are freed and it waits to be
-recomputed, which the prefix cache usually makes cheap. The scheduler never sees a tensor.
+last, when the admission policy lets them join (engine/admission.py). When a running request
+cannot get a block, the least important running request (highest priority value, then latest
+arrival) is preempted: its blocks are freed and it waits to be recomputed, which the prefix
+cache usually makes cheap. KV comes through one KVCacheManager interface, whatever the cache
+mode. The scheduler never sees a tensor.
+
+The scheduler alone ends a request: on a stop token, EOS, max_tokens or the context length as
+it appends tokens, on a stop string the output processor reports (`stop_at_string`), or on an
+abort.
 
 With speculative decoding, a chunk that reaches a request's last token also carries the drafts
 proposed after the previous step; the runner verifies them, and `update` keeps the accepted
@@ -29,39 +35,14 @@ import heapq
 import itertools
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from tokenmill.engine.request import FinishReason, Request, RequestStatus
+from tokenmill.engine.admission import AdmissionPolicy, ContinuousAdmission
 from tokenmill.kv.block_pool import KVBlock
 from tokenmill.kv.kv_manager import KVCacheManager
+from tokenmill.request import FinishReason, Request, RequestStatus
+from tokenmill.scheduler_output import ScheduledRequest, SchedulerOutput
 from tokenmill.spec.policy import SpeculationPolicy
-
-
-@dataclass(frozen=True)
-class ScheduledRequest:
-    request: Request
-    num_new_tokens: int  # positions computed this step, drafts included
-    num_computed_tokens: int  # before this step
-    block_ids: list[int]
-    spec_token_ids: tuple[int, ...] = ()  # drafts verified after the request's last token
-    num_tokens_to_draft: int = 0  # drafts to propose once this step's new tokens are known
-
-    @property
-    def samples(self) -> bool:
-        """Whether this step reaches the end of the known tokens, so a new one is sampled."""
-        num_known = self.num_computed_tokens + self.num_new_tokens - len(self.spec_token_ids)
-        return num_known == self.request.num_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) copy-on-write
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
 
 
 @dataclass
@@ -72,27 +53,27 @@ class SchedulerStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_verify_steps: int = 0
-    spec_draft_time_s: float = 0.0  # proposer time, charged by the engine
+    spec_draft_time_s: float = 0.0  # time of the steps' proposer calls that drafted
     spec_verify_time_s: float = 0.0  # time of the steps that verified drafts
 
 
 class Scheduler:
     def __init__(
         self,
-        kv_manager: KVCacheManager | None,
+        kv_manager: KVCacheManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool = True,
-        static_batching: bool = False,
+        admission: AdmissionPolicy | None = None,
         speculation: SpeculationPolicy | None = None,
     ) -> None:
-        """`kv_manager=None` means no KV cache: every step recomputes each whole sequence."""
+        """`admission`: continuous batching unless another policy is given."""
         self.kv = kv_manager
+        self.admission = admission or ContinuousAdmission()
         self.speculation = speculation
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
-        self.static_batching = static_batching
         self.running: list[Request] = []
         self._waiting: list[tuple[int, int, Request]] = []  # heap of (priority, order, request)
         self._requests: dict[str, Request] = {}
@@ -118,8 +99,8 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        if self.static_batching and not self.running:
-            self._admit_static_batch()
+        if self.admission.seals_batch(len(self.running), len(self._waiting)):
+            self._seal_batch()
         budget = self.max_num_batched_tokens
         # The batch this step will run: the running requests and those about to be admitted.
         batch_size = min(len(self._requests), self.max_num_seqs)
@@ -138,10 +119,9 @@ class Scheduler:
                 continue
             budget -= num_new + len(plan.drafts)
             out.scheduled.append(self._scheduled(request, num_new, plan))
-        if not out.preempted and not self.static_batching:
+        if self.admission.joins_running_batch and not out.preempted:
             self._admit_waiting(budget, out, speculate)
-        if self.kv is not None:
-            out.block_copies = self.kv.take_block_copies()
+        out.block_copies = self.kv.take_block_copies()
         return out
 
     def update(
@@ -149,19 +129,23 @@ class Scheduler:
         out: SchedulerOutput,
         sampled: dict[str, list[int]],
         proposed: dict[str, list[int]] | None = None,
+        verify_time_s: float = 0.0,
+        draft_time_s: float = 0.0,
     ) -> list[Request]:
-        """Record the step's progress and new tokens (several when drafts were accepted), and
-        the drafts proposed for the next step; returns the requests that finished."""
+        """Record the step's progress and new tokens (several when drafts were accepted), the
+        drafts proposed for the next step and the time speculation took; returns the requests
+        that finished."""
         finished = []
         now = time.monotonic()
+        self._charge_speculation_time(out, verify_time_s, draft_time_s)
         for item in out.scheduled:
             request = item.request
             tokens = sampled.get(request.request_id, [])
             num_rejected = len(item.spec_token_ids) - max(len(tokens) - 1, 0)
             request.num_computed_tokens = (
-                0
-                if self.kv is None
-                else item.num_computed_tokens + item.num_new_tokens - num_rejected
+                item.num_computed_tokens + item.num_new_tokens - num_rejected
+                if self.kv.holds_kv
+                else 0
             )
             if not tokens:
                 continue
@@ -173,9 +157,18 @@ class Scheduler:
             if self._append_until_stop(request, tokens):
                 self._finish(request, now)
                 finished.append(request)
-            elif self.kv is not None and (item.spec_token_ids or item.num_tokens_to_draft):
+            elif item.spec_token_ids or item.num_tokens_to_draft:
                 self.kv.trim(request, request.num_tokens)  # roll back rejected drafts' slots
         return finished
+
+    def stop_at_string(self, request: Request, num_output_tokens: int, stop: str) -> None:
+        """The output processor found stop string `stop` completed by output token
+        `num_output_tokens`: drop the tokens after it and end the request there, also when a
+        later token of the same step had already ended it another way."""
+        request.truncate_output(num_output_tokens)
+        request.finish_reason, request.stop_reason = FinishReason.STOP, stop
+        if not request.is_finished:
+            self._finish(request, time.monotonic())
 
     @staticmethod
     def _append_until_stop(request: Request, tokens: list[int]) -> bool:
@@ -183,9 +176,26 @@ class Scheduler:
         would; tokens after a stop are dropped. Returns whether the request finished."""
         for token in tokens:
             request.append_token(token)
-            if request.check_stop():
+            if _reached_stop(request):
                 return True
         return False
+
+    def _charge_speculation_time(
+        self, out: SchedulerOutput, verify_time_s: float, draft_time_s: float
+    ) -> None:
+        """Each request that verified drafts pays the step's verify time, each that asked for
+        drafts the proposer's time; the totals count each step once."""
+        verified = drafted = False
+        for item in out.scheduled:
+            metrics = item.request.metrics.spec_decode
+            if item.spec_token_ids:
+                metrics.verify_time_s += verify_time_s
+                verified = True
+            if item.num_tokens_to_draft:
+                metrics.draft_time_s += draft_time_s
+                drafted = True
+        self.stats.spec_verify_time_s += verify_time_s if verified else 0.0
+        self.stats.spec_draft_time_s += draft_time_s if drafted else 0.0
 
     def _record_verification(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         assert self.speculation is not None
@@ -213,8 +223,7 @@ class Scheduler:
     def _finish(self, request: Request, now: float) -> None:
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
-            if self.kv is not None:
-                self.kv.free(request)
+            self.kv.free(request)
         else:
             self._waiting = [entry for entry in self._waiting if entry[2] is not request]
             heapq.heapify(self._waiting)
@@ -224,13 +233,11 @@ class Scheduler:
 
     def _tokens_to_compute(self, request: Request, budget: int) -> int:
         remaining = request.num_tokens - request.num_computed_tokens
-        if self.kv is None or remaining <= budget:
+        if remaining <= budget or not self.kv.holds_kv:
             return remaining
         return budget if self.enable_chunked_prefill else 0
 
     def _allocate_or_preempt(self, request: Request, num_new: int, out: SchedulerOutput) -> bool:
-        if self.kv is None:
-            return True
         while not self.kv.allocate_slots(request, num_new):
             victim = max(self.running, key=lambda r: (r.priority, r.arrival_order))
             self._preempt(victim, out)
@@ -239,7 +246,6 @@ class Scheduler:
         return True
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
-        assert self.kv is not None
         self.running.remove(request)
         out.scheduled = [s for s in out.scheduled if s.request is not request]
         self.kv.free(request)
@@ -262,11 +268,7 @@ class Scheduler:
             extra = self._extra_slots(plan)
             if extra and not self.kv.allocate_slots(request, num_new + extra, cached):
                 plan, extra = _NO_SPECULATION, 0
-            if num_new == 0 or (
-                not extra
-                and self.kv is not None
-                and not self.kv.allocate_slots(request, num_new, cached)
-            ):
+            if num_new == 0 or (not extra and not self.kv.allocate_slots(request, num_new, cached)):
                 request.num_computed_tokens = 0
                 break
             self._start(request)
@@ -292,17 +294,18 @@ class Scheduler:
     def _extra_slots(self, plan: _SpeculationPlan) -> int:
         """KV slots a plan needs beyond its chunk: its drafts and the drafter's lookahead.
         The caller takes them only if the pool has them without preempting anyone."""
-        if self.speculation is None or self.kv is None:
+        if self.speculation is None:
             return 0
         return len(plan.drafts) + self.speculation.lookahead_slots(plan.num_to_draft)
 
-    def _admit_static_batch(self) -> None:
-        """Seal the next static batch: up to max_num_seqs requests join at once and nobody else
-        joins until all of them finish; their prompts are then scheduled like running work."""
+    def _seal_batch(self) -> None:
+        """Admit the next batch: up to max_num_seqs requests join at once (the policy lets
+        nobody else join until all of them finish); their prompts are then scheduled like
+        running work."""
         while self._waiting and len(self.running) < self.max_num_seqs:
             request = self._waiting[0][2]
             cached = self._take_cached_prefix(request)
-            if self.kv is not None and not self.kv.allocate_slots(request, 0, cached):
+            if not self.kv.allocate_slots(request, 0, cached):
                 request.num_computed_tokens = 0
                 break
             self._start(request)
@@ -311,7 +314,7 @@ class Scheduler:
         """The leading blocks a waiting request can reuse, counted as computed: the longer of
         its cached full blocks and, for a sibling, its parent's prompt but the last token.
         None for a request that wants prompt logprobs: each prompt position must be computed."""
-        if self.kv is None or request.params.prompt_logprobs is not None:
+        if request.params.prompt_logprobs is not None:
             return []
         cached = self.kv.find_cached_prefix(request)
         request.num_computed_tokens = len(cached) * self.kv.block_size
@@ -327,15 +330,10 @@ class Scheduler:
         return self.kv.shared_prompt(parent, num_shared)
 
     def _fork_parent(self, request: Request) -> Request | None:
-        """The unfinished parent a sibling may fork its prompt from, if forking applies: not
-        under static batching (the whole batch is admitted before anything is computed) and
-        not with the contiguous baseline (whose requests each reserve their own span)."""
-        if (
-            request.parent_request_id is None
-            or self.static_batching
-            or self.kv is None
-            or self.kv.reserve_tokens is not None
-        ):
+        """The unfinished parent a sibling may fork its prompt from, where the KV manager shares
+        blocks. (A sealed batch admits parent and siblings together, before the parent has
+        computed anything to fork, so they compute the prompt each.)"""
+        if request.parent_request_id is None or not self.kv.shares_blocks:
             return None
         return self._requests.get(request.parent_request_id)
 
@@ -360,12 +358,11 @@ class Scheduler:
     def _scheduled(
         self, request: Request, num_new: int, plan: _SpeculationPlan
     ) -> ScheduledRequest:
-        block_ids = self.kv.block_ids(request.request_id) if self.kv is not None else []
         return ScheduledRequest(
             request,
             num_new + len(plan.drafts),
             request.num_computed_tokens,
-            block_ids,
+            self.kv.block_ids(request.request_id),
             plan.drafts,
             plan.num_to_draft,
         )
@@ -382,3 +379,24 @@ class _SpeculationPlan:
 
 
 _NO_SPECULATION = _SpeculationPlan((), 0)
+
+
+def _reached_stop(request: Request) -> bool:
+    """After a token was appended: should generation end here? Sets the finish reason."""
+    last = request.output_token_ids[-1]
+    num_output = len(request.output_token_ids)
+    params = request.params
+    if num_output >= params.min_tokens:
+        if last in params.stop_token_ids:
+            request.finish_reason, request.stop_reason = FinishReason.STOP, last
+            return True
+        if not params.ignore_eos and last in request.eos_token_ids:
+            request.finish_reason = FinishReason.STOP
+            return True
+    if params.max_tokens is not None and num_output >= params.max_tokens:
+        request.finish_reason = FinishReason.LENGTH
+        return True
+    if request.num_tokens >= request.max_model_len:
+        request.finish_reason = FinishReason.LENGTH
+        return True
+    return False

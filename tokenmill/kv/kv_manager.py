@@ -1,155 +1,75 @@
-"""Block tables of the running requests over one BlockPool, and prefix-cache reuse.
+"""The one interface the scheduler allocates KV through, whatever the cache mode.
 
 `allocate_slots` is the single question the scheduler asks: can this request add N tokens to
-its KV? False means "preempt somebody first". Blocks are taken as tokens arrive, except in the
-contiguous mode, which reserves a whole max-length span up front as the baseline to beat.
-
-Several requests may hold one block: cached prefix blocks, and the prompt blocks an n > 1
-sibling forks from its parent, the last of which may be partial. Before a request writes a slot
-in a block somebody else also holds, `allocate_slots` gives it a private copy (copy-on-write):
-the block table points at a fresh block and `(src, dst)` is recorded for the runner to copy
-before the step's forward pass.
+its KV? False means "preempt somebody first". Three implementations answer it: `paged` (blocks
+taken as tokens arrive, prefix caching, copy-on-write sharing), `contiguous` (a whole
+max-length span reserved up front, the baseline paged attention is measured against) and
+`none` (nothing kept: every step recomputes each whole sequence). The scheduler asks what a
+mode can do through the two capabilities below, never which mode it is.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from tokenmill.engine.request import Request
-from tokenmill.kv.block_pool import BlockPool, KVBlock, hash_block
+from tokenmill.kv.block_pool import KVBlock
+from tokenmill.request import Request
 
 
-class KVCacheManager:
-    def __init__(
-        self,
-        num_blocks: int,
-        block_size: int,
-        enable_prefix_caching: bool = True,
-        reserve_tokens: int | None = None,
-    ) -> None:
-        """`reserve_tokens`: when set, every request is given that many slots at admission."""
-        self.block_size = block_size
-        self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
-        self.reserve_tokens = reserve_tokens
-        self._tables: dict[str, list[KVBlock]] = {}
-        self._num_published: dict[str, int] = {}  # leading blocks already in the prefix cache
-        self._block_copies: list[tuple[int, int]] = []  # (src, dst) owed by this step's writes
+class KVCacheManager(ABC):
+    block_size: int
+    holds_kv: bool = True
+    """False: no KV survives a step, so each step computes every sequence from its start (and a
+    prompt cannot be split into chunks)."""
+    shares_blocks: bool = False
+    """True: an n > 1 sibling can take over its parent's prompt blocks (`shared_prompt`)."""
 
-    def block_ids(self, request_id: str) -> list[int]:
-        return [block.block_id for block in self._tables.get(request_id, ())]
+    @property
+    @abstractmethod
+    def num_blocks(self) -> int: ...
 
-    def num_blocks_held(self, request_id: str) -> int:
-        return len(self._tables.get(request_id, ()))
+    @property
+    @abstractmethod
+    def num_free_blocks(self) -> int:
+        """Blocks nobody holds (cached blocks with no reader count as free)."""
 
+    @property
+    def max_tokens_per_request(self) -> int | None:
+        """The longest sequence the pool could ever hold (None: no limit); a longer one would
+        preempt itself forever."""
+        return self.num_blocks * self.block_size
+
+    @abstractmethod
+    def block_ids(self, request_id: str) -> list[int]: ...
+
+    @abstractmethod
+    def num_blocks_held(self, request_id: str) -> int: ...
+
+    @abstractmethod
     def find_cached_prefix(self, request: Request) -> list[KVBlock]:
-        """The longest run of leading full blocks already cached. The last token is always left
-        to compute, because its logits are what the next token is sampled from."""
-        max_blocks = (request.num_tokens - 1) // self.block_size
-        self._extend_block_hashes(request, max_blocks)
-        hits: list[KVBlock] = []
-        for i in range(max_blocks):
-            start = i * self.block_size
-            tokens = request.all_token_ids[start : start + self.block_size]
-            block = self.pool.lookup(request.block_hashes[i], tokens)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
+        """The longest run of the request's leading full blocks already cached; never its last
+        token, whose logits the next token is sampled from."""
 
     def shared_prompt(self, parent: Request, num_tokens: int) -> list[KVBlock]:
-        """The parent's blocks holding its first `num_tokens` tokens, for a sibling to take over
-        through `allocate_slots`; the last may be partial, and is copied on its first write."""
-        return self._tables[parent.request_id][: -(-num_tokens // self.block_size)]
+        """The parent's blocks holding its first `num_tokens` tokens, for a sibling to take
+        over through `allocate_slots` (only where `shares_blocks`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not share blocks")
 
+    @abstractmethod
     def allocate_slots(
         self, request: Request, num_new_tokens: int, cached_prefix: Sequence[KVBlock] = ()
     ) -> bool:
-        """Make room for `num_new_tokens` after the request's computed tokens, which include
-        the `cached_prefix` blocks a new request is about to take over. A shared block the new
-        tokens land in is replaced by a private copy (see `take_block_copies`)."""
-        table = self._tables.get(request.request_id, [])
-        num_after = request.num_computed_tokens + num_new_tokens
-        span = num_after if self.reserve_tokens is None else max(num_after, self.reserve_tokens)
-        held = [*table, *cached_prefix]
-        needed = max(-(-span // self.block_size) - len(held), 0)
-        revived = sum(1 for block in cached_prefix if block.ref_count == 0)
-        shared = self._shared_blocks_written(held, len(table), request, num_after)
-        if needed + len(shared) > self.pool.num_free_blocks - revived:
-            return False
-        self.pool.acquire(cached_prefix)
-        table = [*held, *self.pool.allocate(needed)]
-        for index in shared:
-            table[index] = self._copy_on_write(table[index])
-        self._tables[request.request_id] = table
-        self._publish_full_blocks(request, table, num_after)
-        return True
+        """Make room for `num_new_tokens` after the request's computed tokens (which include the
+        `cached_prefix` a new request is about to take over); False when the pool is short."""
 
+    @abstractmethod
     def take_block_copies(self) -> list[tuple[int, int]]:
-        """The (src, dst) block copies the step's writes need, in the order they were made;
-        the runner performs them before the forward pass. Clears the list."""
-        copies, self._block_copies = self._block_copies, []
-        return copies
+        """The (src, dst) block copies this step's writes need, in order; clears the list."""
 
+    @abstractmethod
     def trim(self, request: Request, num_tokens: int) -> None:
-        """Give back the blocks past the first `num_tokens` slots (never below a contiguous
-        reservation): after speculative decoding rejects drafts, their slots hold stale KV."""
-        table = self._tables.get(request.request_id)
-        if table is None:
-            return
-        keep = -(-max(num_tokens, self.reserve_tokens or 0) // self.block_size)
-        if keep < len(table):
-            self._release(table[keep:])
-            del table[keep:]
+        """Give back the slots past the first `num_tokens` (rejected drafts' stale KV)."""
 
-    def free(self, request: Request) -> None:
-        table = self._tables.pop(request.request_id, [])
-        self._num_published.pop(request.request_id, None)
-        self._release(table)
-
-    def _release(self, blocks: list[KVBlock]) -> None:
-        """Drop the references tail-first. A pending copy into a block that goes free (its
-        owner was preempted in the step that copied it) is cancelled: nobody needs it, and the
-        block may be handed out again, even as another copy's destination, before it runs."""
-        self.pool.release(reversed(blocks))
-        if self._block_copies:
-            freed = {block.block_id for block in blocks if block.ref_count == 0}
-            self._block_copies = [pair for pair in self._block_copies if pair[1] not in freed]
-
-    def _shared_blocks_written(
-        self, held: list[KVBlock], num_owned: int, request: Request, num_after: int
-    ) -> list[int]:
-        """Indices of the blocks that slots [num_computed_tokens, num_after) fall in and that
-        another request also holds (counting the reference a taken-over block is about to get)."""
-        if num_after <= request.num_computed_tokens:
-            return []
-        first = request.num_computed_tokens // self.block_size
-        stop = min(-(-num_after // self.block_size), len(held))
-        return [i for i in range(first, stop) if held[i].ref_count + (i >= num_owned) > 1]
-
-    def _copy_on_write(self, block: KVBlock) -> KVBlock:
-        (fresh,) = self.pool.allocate(1)
-        self._block_copies.append((block.block_id, fresh.block_id))
-        self.pool.release([block])
-        return fresh
-
-    def _publish_full_blocks(self, request: Request, table: list[KVBlock], num_tokens: int) -> None:
-        """Cache the blocks this step fills: their token ids are known before the forward pass
-        writes their KV, and a same-step reader attends only after every write of its layer."""
-        if not self.pool.enable_caching:
-            return
-        full = min(num_tokens, request.num_tokens) // self.block_size
-        self._extend_block_hashes(request, full)
-        start = self._num_published.get(request.request_id, 0)
-        for i in range(start, full):
-            tokens = request.all_token_ids[i * self.block_size : (i + 1) * self.block_size]
-            self.pool.cache(table[i], request.block_hashes[i], tokens)
-        self._num_published[request.request_id] = max(start, full)
-
-    def _extend_block_hashes(self, request: Request, num_blocks: int) -> None:
-        hashes = request.block_hashes
-        for i in range(len(hashes), num_blocks):
-            parent = hashes[i - 1] if i else None
-            start = i * self.block_size
-            hashes.append(
-                hash_block(parent, request.all_token_ids[start : start + self.block_size])
-            )
+    @abstractmethod
+    def free(self, request: Request) -> None: ...

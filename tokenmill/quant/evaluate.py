@@ -29,7 +29,7 @@ from tokenmill.bench.throughput import run_throughput
 from tokenmill.bench.workloads import load_workload
 from tokenmill.config import EngineArgs
 from tokenmill.engine.engine import LLMEngine
-from tokenmill.engine.runner import allocate_kv_caches, slot_mapping
+from tokenmill.kv.layout import allocate_kv_caches, slot_mapping
 from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.loader.resolve import resolve_model
 from tokenmill.model.attention import MAX_DECODE_QUERY, AttentionMetadata

@@ -36,15 +36,15 @@ import torch
 from torch import nn
 
 from tokenmill.config import ModelConfig
-from tokenmill.engine.runner import allocate_kv_caches, kv_bytes_per_token, slot_mapping
-from tokenmill.engine.scheduler import ScheduledRequest
 from tokenmill.kernels import ops
+from tokenmill.kv.layout import allocate_kv_caches, kv_bytes_per_token, slot_mapping
 from tokenmill.kv.quantized import KVCache
 from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.model.attention import AttentionMetadata
 from tokenmill.model.decode_loop import NativeDecodeLoop, run_step
 from tokenmill.model.registry import build_model
 from tokenmill.sampling.sampler import SamplingRow, adjust_logits, make_generator, sampling_probs
+from tokenmill.scheduler_output import ScheduledRequest
 from tokenmill.spec.proposer import num_computed_after, token_ids_between
 
 SELF_DRAFT = re.compile(r"self:layers=(\d+)")
@@ -136,6 +136,8 @@ class DraftModelProposer:
         (adjusted by the request's own sampling settings) instead of taking its argmax."""
         self.draft = draft
         self.kv_caches = kv_caches
+        # An early exit's KV is the target's own layers, which copy-on-write already reaches.
+        self.own_kv_caches: list[KVCache] = [] if draft.shares_target_kv else list(kv_caches)
         self.block_size = block_size
         self.decode_loop = (
             NativeDecodeLoop.build(draft.model, kv_caches) if native_decode_loop else None

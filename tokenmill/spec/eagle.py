@@ -29,15 +29,15 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from tokenmill.config import ModelConfig
-from tokenmill.engine.runner import allocate_kv_caches, kv_bytes_per_token
-from tokenmill.engine.scheduler import ScheduledRequest
 from tokenmill.kernels import ops
+from tokenmill.kv.layout import allocate_kv_caches, kv_bytes_per_token
 from tokenmill.loader.model_loader import LoadedModel
 from tokenmill.model.attention import AttentionMetadata
 from tokenmill.model.decode_loop import NativeLayers
 from tokenmill.model.layers import Linear, RMSNorm, RotaryEmbedding
 from tokenmill.model.llama import LlamaDecoderLayer
 from tokenmill.quant.int8 import Int8Linear
+from tokenmill.scheduler_output import ScheduledRequest
 from tokenmill.spec.draft_model import paged_chunk_batch
 from tokenmill.spec.proposer import num_computed_after, token_ids_between
 
@@ -157,6 +157,7 @@ class EagleProposer:
         self.block_size = block_size
         dtype = drafter.head.fc.weight.dtype
         (self.kv_cache,) = allocate_kv_caches(drafter.head.config, num_blocks, block_size, dtype)
+        self.own_kv_caches = [self.kv_cache]
         self.native = NativeLayers.build([drafter.head.layer], [self.kv_cache])
 
     def propose(

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from tokenmill.engine.scheduler import ScheduledRequest
+from tokenmill.scheduler_output import ScheduledRequest
 
 
 def propose_ngram(token_ids: Sequence[int], num_drafts: int, min_n: int, max_n: int) -> list[int]:
@@ -32,6 +32,8 @@ def propose_ngram(token_ids: Sequence[int], num_drafts: int, min_n: int, max_n: 
 
 
 class NgramProposer:
+    own_kv_caches: tuple[()] = ()  # drafts from the token ids alone
+
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n = min_n
         self.max_n = max_n

@@ -7,10 +7,15 @@ from typing import Protocol
 
 import torch
 
-from tokenmill.engine.scheduler import ScheduledRequest
+from tokenmill.kv.quantized import KVCache
+from tokenmill.scheduler_output import ScheduledRequest
 
 
 class Proposer(Protocol):
+    own_kv_caches: Sequence[KVCache]
+    """The drafter's own paged KV (a draft model's, an EAGLE head's), addressed through the
+    target's block ids: a block copied on write is copied there too."""
+
     def propose(
         self,
         scheduled: Sequence[ScheduledRequest],

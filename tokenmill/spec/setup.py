@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 
 from tokenmill.config import EngineArgs
-from tokenmill.engine.runner import prepare_weights
 from tokenmill.loader.model_loader import LoadedModel
 from tokenmill.loader.resolve import DEFAULT_MODEL, resolve_model
+from tokenmill.quant.prepare import prepare_weights
 from tokenmill.spec.draft_model import DraftModel, DraftModelProposer, load_draft_model
 from tokenmill.spec.eagle import PACKAGED_HEADS, EagleDrafter, EagleProposer
 from tokenmill.spec.ngram import NgramProposer

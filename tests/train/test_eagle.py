@@ -8,7 +8,7 @@ import torch
 from tokenmill.cli import main
 from tokenmill.model.attention import AttentionMetadata
 from tokenmill.spec.eagle import EagleHead, load_head
-from tokenmill.spec.eagle_train import (
+from tokenmill.train.eagle import (
     TEMPLATES,
     TOPICS,
     answer_temperature,

@@ -1,4 +1,6 @@
-"""A request as the scheduler sees it: token ids, progress counters, status. No tensors."""
+"""A request as the scheduler sees it: token ids, progress counters, status. No tensors.
+
+The scheduler alone changes a request's status and decides where it ends."""
 
 from __future__ import annotations
 
@@ -79,7 +81,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
-    block_hashes: list[int] = field(default_factory=list)  # of each full block, in order
+    # The prefix-cache hash of each full block of `all_token_ids`, in order: a digest of the
+    # previous block's hash and this block's token ids (kv.block_pool.BlockHash).
+    block_hashes: list[bytes] = field(default_factory=list)
     spec_token_ids: list[int] = field(default_factory=list)  # drafts proposed after the last step
     num_speculative_tokens: int = 0  # how many to draft next; adapts to the acceptance
     parent_request_id: str | None = None  # an n > 1 sibling whose computed prompt KV this forks
@@ -109,22 +113,3 @@ class Request:
         step, and a stop string may end generation in the middle of them)."""
         del self.all_token_ids[self.num_prompt_tokens + num_output_tokens :]
         del self.output_token_ids[num_output_tokens:]
-
-    def check_stop(self) -> bool:
-        """After a token was appended: should generation end here? Sets the finish reason."""
-        last = self.output_token_ids[-1]
-        num_output = len(self.output_token_ids)
-        if num_output >= self.params.min_tokens:
-            if last in self.params.stop_token_ids:
-                self.finish_reason, self.stop_reason = FinishReason.STOP, last
-                return True
-            if not self.params.ignore_eos and last in self.eos_token_ids:
-                self.finish_reason = FinishReason.STOP
-                return True
-        if self.params.max_tokens is not None and num_output >= self.params.max_tokens:
-            self.finish_reason = FinishReason.LENGTH
-            return True
-        if self.num_tokens >= self.max_model_len:
-            self.finish_reason = FinishReason.LENGTH
-            return True
-        return False

@@ -1,10 +1,10 @@
-"""KVCacheManager: block tables grow with tokens, prefixes are shared, shared blocks are copied
-before a write, contiguous reserves."""
+"""PagedKVManager: block tables grow with tokens, prefixes are shared, shared blocks are copied
+before a write."""
 
 from __future__ import annotations
 
-from tokenmill.engine.request import Request
-from tokenmill.kv.kv_manager import KVCacheManager
+from tokenmill.kv.paged import PagedKVManager
+from tokenmill.request import Request
 from tokenmill.sampling.params import SamplingParams
 
 
@@ -13,7 +13,7 @@ def make_request(request_id: str, tokens: list[int]) -> Request:
 
 
 def test_blocks_are_allocated_as_tokens_arrive():
-    kv = KVCacheManager(num_blocks=10, block_size=4)
+    kv = PagedKVManager(num_blocks=10, block_size=4)
     req = make_request("a", list(range(6)))
     assert kv.allocate_slots(req, 6)
     assert kv.num_blocks_held("a") == 2
@@ -32,7 +32,7 @@ def test_blocks_are_allocated_as_tokens_arrive():
 
 
 def test_allocation_fails_without_side_effects_when_the_pool_is_short():
-    kv = KVCacheManager(num_blocks=2, block_size=4)
+    kv = PagedKVManager(num_blocks=2, block_size=4)
     req = make_request("a", list(range(12)))
     assert not kv.allocate_slots(req, 12)
     assert kv.num_blocks_held("a") == 0
@@ -40,7 +40,7 @@ def test_allocation_fails_without_side_effects_when_the_pool_is_short():
 
 
 def test_second_request_reuses_the_full_blocks_of_a_shared_prefix():
-    kv = KVCacheManager(num_blocks=10, block_size=4)
+    kv = PagedKVManager(num_blocks=10, block_size=4)
     first = make_request("a", list(range(10)))
     assert kv.allocate_slots(first, 10)
     second = make_request("b", [*range(9), 500, 501])
@@ -54,7 +54,7 @@ def test_second_request_reuses_the_full_blocks_of_a_shared_prefix():
 
 
 def test_a_fully_cached_prompt_still_leaves_its_last_token_to_compute():
-    kv = KVCacheManager(num_blocks=10, block_size=4)
+    kv = PagedKVManager(num_blocks=10, block_size=4)
     first = make_request("a", list(range(8)))
     assert kv.allocate_slots(first, 8)
     hits = kv.find_cached_prefix(make_request("b", list(range(8))))
@@ -62,7 +62,7 @@ def test_a_fully_cached_prompt_still_leaves_its_last_token_to_compute():
 
 
 def test_freed_prefix_stays_cached_until_its_space_is_needed():
-    kv = KVCacheManager(num_blocks=3, block_size=4)
+    kv = PagedKVManager(num_blocks=3, block_size=4)
     first = make_request("a", list(range(8)))
     assert kv.allocate_slots(first, 8)
     kv.free(first)
@@ -74,14 +74,7 @@ def test_freed_prefix_stays_cached_until_its_space_is_needed():
     assert kv.find_cached_prefix(again) == []
 
 
-def test_contiguous_mode_reserves_the_whole_span_at_admission():
-    kv = KVCacheManager(num_blocks=10, block_size=4, enable_prefix_caching=False, reserve_tokens=16)
-    req = make_request("a", [1, 2])
-    assert kv.allocate_slots(req, 2)
-    assert kv.num_blocks_held("a") == 4
-
-
-def fork(kv: KVCacheManager, parent: Request, request_id: str) -> Request:
+def fork(kv: PagedKVManager, parent: Request, request_id: str) -> Request:
     """A sibling of `parent` that takes over all of its prompt but the last token."""
     sibling = make_request(request_id, parent.prompt_token_ids)
     sibling.num_computed_tokens = sibling.num_prompt_tokens - 1
@@ -91,7 +84,7 @@ def fork(kv: KVCacheManager, parent: Request, request_id: str) -> Request:
 
 
 def test_a_write_into_a_shared_partial_block_copies_it_first():
-    kv = KVCacheManager(num_blocks=10, block_size=4)
+    kv = PagedKVManager(num_blocks=10, block_size=4)
     parent = make_request("p", list(range(10)))  # blocks [0..3] [4..7] [8, 9]
     assert kv.allocate_slots(parent, 10)
     parent.num_computed_tokens = 10
@@ -109,7 +102,7 @@ def test_a_write_into_a_shared_partial_block_copies_it_first():
 
 
 def test_the_last_sharer_of_a_block_writes_it_in_place():
-    kv = KVCacheManager(num_blocks=10, block_size=4)
+    kv = PagedKVManager(num_blocks=10, block_size=4)
     parent = make_request("p", list(range(6)))
     assert kv.allocate_slots(parent, 6)
     parent.num_computed_tokens = 5  # a chunk ended before the last prompt token
@@ -122,7 +115,7 @@ def test_the_last_sharer_of_a_block_writes_it_in_place():
 
 
 def test_a_prompt_ending_one_past_a_block_boundary_shares_only_full_blocks():
-    kv = KVCacheManager(num_blocks=10, block_size=4)
+    kv = PagedKVManager(num_blocks=10, block_size=4)
     parent = make_request("p", list(range(9)))  # the last token starts a new block
     assert kv.allocate_slots(parent, 9)
     parent.num_computed_tokens = 9
@@ -133,7 +126,7 @@ def test_a_prompt_ending_one_past_a_block_boundary_shares_only_full_blocks():
 
 
 def test_copy_on_write_without_a_free_block_fails_and_changes_nothing():
-    kv = KVCacheManager(num_blocks=3, block_size=4)
+    kv = PagedKVManager(num_blocks=3, block_size=4)
     parent = make_request("p", list(range(10)))
     assert kv.allocate_slots(parent, 10)
     parent.num_computed_tokens = 10
@@ -148,7 +141,7 @@ def test_copy_on_write_without_a_free_block_fails_and_changes_nothing():
 def test_a_copy_into_a_block_freed_in_the_same_step_is_dropped():
     """A request preempted in the step that copied a block for it gives the copy back; the
     block may then go to somebody else before the runner would have copied into it."""
-    kv = KVCacheManager(num_blocks=10, block_size=4)
+    kv = PagedKVManager(num_blocks=10, block_size=4)
     parent = make_request("p", list(range(10)))
     assert kv.allocate_slots(parent, 10)
     parent.num_computed_tokens = 10

@@ -1,0 +1,20 @@
+"""The KV manager for each `kv_cache` mode, built from the engine's sizing."""
+
+from __future__ import annotations
+
+from tokenmill.kv.contiguous import ContiguousKVManager
+from tokenmill.kv.kv_manager import KVCacheManager
+from tokenmill.kv.no_cache import NoKVCache
+from tokenmill.kv.paged import PagedKVManager
+
+
+def make_kv_manager(
+    mode: str, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_model_len: int
+) -> KVCacheManager:
+    if mode == "paged":
+        return PagedKVManager(num_blocks, block_size, enable_prefix_caching)
+    if mode == "contiguous":
+        return ContiguousKVManager(num_blocks, block_size, max_model_len)
+    if mode == "none":
+        return NoKVCache(block_size)
+    raise ValueError(f"kv_cache must be one of paged, contiguous, none, got {mode!r}")

@@ -1,0 +1,35 @@
+"""What one scheduling step hands the runner: which requests compute how many tokens, in which
+blocks. Plain data that the engine, the runner and the proposers all read; no tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenmill.request import Request
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int  # positions computed this step, drafts included
+    num_computed_tokens: int  # before this step
+    block_ids: list[int]
+    spec_token_ids: tuple[int, ...] = ()  # drafts verified after the request's last token
+    num_tokens_to_draft: int = 0  # drafts to propose once this step's new tokens are known
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step reaches the end of the known tokens, so a new one is sampled."""
+        num_known = self.num_computed_tokens + self.num_new_tokens - len(self.spec_token_ids)
+        return num_known == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) copy-on-write
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
