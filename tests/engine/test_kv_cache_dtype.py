@@ -38,7 +38,8 @@ def count_near_tie_flips(
     ours: list[RequestOutput], exact: list[RequestOutput], near_tie_nats: float
 ) -> int:
     """How many of `ours` (run with logprobs=2) leave `exact`'s greedy tokens, asserting each
-    does so only where `exact`'s choice was its own runner-up within `near_tie_nats`."""
+    does so only where `exact`'s choice was its own runner-up within `near_tie_nats`
+    (inclusive: bfloat16 logprobs come in steps, and a gap may be exactly the bound)."""
     flipped = 0
     for mine, theirs in zip(ours, exact, strict=True):
         at = first_difference(mine.outputs[0].token_ids, theirs.outputs[0].token_ids)
@@ -48,7 +49,7 @@ def count_near_tie_flips(
         ranked = dict(mine.outputs[0].logprobs[at].top)
         exact_choice = theirs.outputs[0].token_ids[at]
         assert exact_choice in ranked  # our runner-up
-        assert max(ranked.values()) - ranked[exact_choice] < near_tie_nats
+        assert max(ranked.values()) - ranked[exact_choice] <= near_tie_nats
     return flipped
 
 
