@@ -4,14 +4,13 @@ fallback."""
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
 import torch
 from torch.nn import functional as F
 
-from tokenmill.kernels import ops
+from tokenmill.kernels import extension, ops
 
 # Both sides compute in float32 in different orders (and native's exp is a polynomial), so they
 # differ by a few ulp; relative to the largest output that is far below this bound.
@@ -191,11 +190,10 @@ def test_non_float32_inputs_take_the_reference_path() -> None:
 
 @pytest.fixture
 def torch_ops(monkeypatch: pytest.MonkeyPatch):
-    """`ops` re-imported with the native kernels switched off; the real choice is restored."""
+    """`ops` with TOKENMILL_KERNELS=torch taken as at import (the fallback), restored afterwards."""
     monkeypatch.setenv(ops.BACKEND_ENV, "torch")
-    yield importlib.reload(ops)
-    monkeypatch.undo()
-    importlib.reload(ops)
+    monkeypatch.setattr(extension, "NATIVE", extension.load_native())
+    return ops
 
 
 def test_torch_backend_runs_the_references_with_the_same_in_place_effects(torch_ops) -> None:

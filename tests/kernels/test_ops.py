@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import random
 import shutil
@@ -14,7 +13,7 @@ import torch
 from torch.nn import functional as F
 from torch.utils import cpp_extension
 
-from tokenmill.kernels import build, ops
+from tokenmill.kernels import build, extension, float_linear, ops
 
 # Bounds: both sides accumulate in float32 but in different orders, so they differ by rounding
 # only; for these sizes that is ~1e-7 relative, well inside the bounds below.
@@ -28,10 +27,14 @@ needs_native = pytest.mark.skipif(
 
 @pytest.fixture
 def reloaded_ops(monkeypatch: pytest.MonkeyPatch):
-    """Re-runs `ops`' import-time backend choice under the test's patches, and restores it."""
-    yield lambda: importlib.reload(ops)
-    monkeypatch.undo()
-    importlib.reload(ops)
+    """Makes the import-time backend choice (`extension.load_native`) again under the test's
+    patches and returns `ops` running on it; the real choice is restored afterwards."""
+
+    def reload():
+        monkeypatch.setattr(extension, "NATIVE", extension.load_native())
+        return ops
+
+    return reload
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -84,18 +87,19 @@ def assert_prepacked_serves_only_inference_batches_up_to_its_limit(
     linear_ops, calls: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`calls` collects the row counts the prepacked kernel saw. Its limit is PREPACKED_MAX_ROWS
-    where MKL's GEMM is ahead past it (Intel CPUs), none elsewhere; both are set here."""
+    where MKL's GEMM is ahead past it (Intel CPUs), none elsewhere; both are set here (in
+    `float_linear`, which owns the limit)."""
     weight = torch.randn(40, 24)
     prepacked = linear_ops.prepack_linear_weight(weight, 64)
     wide = torch.randn(linear_ops.PREPACKED_MAX_ROWS + 1, 24)
-    monkeypatch.setattr(linear_ops, "FLOAT32_PREPACKED_MAX_ROWS", linear_ops.PREPACKED_MAX_ROWS)
+    monkeypatch.setattr(float_linear, "FLOAT32_PREPACKED_MAX_ROWS", linear_ops.PREPACKED_MAX_ROWS)
     assert torch.equal(linear_ops.linear(wide, weight, None, prepacked), F.linear(wide, weight))
     trained = torch.randn(40, 24, requires_grad=True)
     linear_ops.linear(trained, weight, None, prepacked).sum().backward()  # autograd: torch's GEMM
     assert trained.grad is not None
     linear_ops.linear(torch.randn(40, 24), weight, None, prepacked)
     assert calls == [40]
-    monkeypatch.setattr(linear_ops, "FLOAT32_PREPACKED_MAX_ROWS", sys.maxsize)
+    monkeypatch.setattr(float_linear, "FLOAT32_PREPACKED_MAX_ROWS", sys.maxsize)
     out = linear_ops.linear(wide, weight, None, prepacked)
     assert calls == [40, wide.shape[0]]
     assert relative_error(out, F.linear(wide, weight)) < LINEAR_MAX_RELATIVE_ERROR
@@ -126,7 +130,7 @@ def test_onednn_prepacked_weight_serves_only_inference_batches_up_to_its_limit(
 
 
 @needs_onednn
-def test_onednn_leaves_the_fewest_rows_to_mkl_where_that_streams_faster(onednn_rows) -> None:
+def test_onednn_takes_exactly_the_rows_past_torch_plain_max_rows(onednn_rows) -> None:
     torch_ops, calls = onednn_rows
     weight = torch.randn(40, 24)
     prepacked = torch_ops.prepack_linear_weight(weight, 64)
