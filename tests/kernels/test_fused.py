@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from tokenmill.kernels import extension, ops
+from tokenmill.kernels import ops
 
 # Both sides compute in float32 in different orders (and native's exp is a polynomial), so they
 # differ by a few ulp; relative to the largest output that is far below this bound.
@@ -186,14 +186,6 @@ def test_non_float32_inputs_take_the_reference_path() -> None:
     assert torch.equal(
         ops.add_rms_norm(x, None, weight, 1e-6)[0], F.rms_norm(x, (10,), weight, 1e-6)
     )
-
-
-@pytest.fixture
-def torch_ops(monkeypatch: pytest.MonkeyPatch):
-    """`ops` with TOKENMILL_KERNELS=torch taken as at import (the fallback), restored afterwards."""
-    monkeypatch.setenv(ops.BACKEND_ENV, "torch")
-    monkeypatch.setattr(extension, "NATIVE", extension.load_native())
-    return ops
 
 
 def test_torch_backend_runs_the_references_with_the_same_in_place_effects(torch_ops) -> None:

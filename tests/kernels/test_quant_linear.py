@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from tokenmill.kernels import extension, ops, quant_linear
+from tokenmill.kernels import ops, quant_linear
 from tokenmill.quant.int4 import pack_int4
 
 KERNEL_MAX_RELATIVE_ERROR = 1e-5
@@ -194,14 +194,6 @@ def test_int4_panels_put_each_row_in_its_own_lane() -> None:
         byte = int(qweight[r // 8, block, v, r % 8, j])
         assert (byte >> 4 if high else byte & 0x0F) == codes[r, k]
     assert not qweight[1, :, :, 3:].any()
-
-
-@pytest.fixture
-def torch_ops(monkeypatch: pytest.MonkeyPatch):
-    """`ops` with TOKENMILL_KERNELS=torch taken as at import (the fallback), restored afterwards."""
-    monkeypatch.setenv(ops.BACKEND_ENV, "torch")
-    monkeypatch.setattr(extension, "NATIVE", extension.load_native())
-    return ops
 
 
 def test_torch_backend_runs_the_references(torch_ops) -> None:
