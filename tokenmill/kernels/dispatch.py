@@ -23,8 +23,8 @@ def native_or(
 ) -> Callable[[Callable[..., Any]], Any]:
     """Turns `native_call(native, *args)` into the op `op(*args)`: `native_call` with the
     extension module when it loaded and `fits(*args)` holds (always, without `fits`), else
-    `fallback(*args)`. The op keeps `native_call`'s name and docstring and `fallback`'s
-    signature, which every op shares with its reference."""
+    `fallback(*args)`. The op keeps `native_call`'s name, docstring and signature, less its
+    `native` parameter."""
 
     def decorate(native_call: Callable[..., Any]) -> Callable[..., Any]:
         def op(*args: Any, **kwargs: Any) -> Any:
@@ -34,7 +34,9 @@ def native_or(
             return native_call(native, *args, **kwargs)
 
         functools.update_wrapper(op, native_call)
-        op.__signature__ = inspect.signature(fallback)  # type: ignore[attr-defined]
+        signature = inspect.signature(native_call)
+        public = list(signature.parameters.values())[1:]
+        op.__signature__ = signature.replace(parameters=public)  # type: ignore[attr-defined]
         return op
 
     return decorate
