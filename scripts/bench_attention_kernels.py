@@ -1,4 +1,4 @@
-"""How fast the native paged decode attention reads each KV dtype: ms per call.
+"""How fast the native paged decode attention reads each KV dtype: milliseconds per call.
 
 One decode step's attention for a batch of sequences (SmolLM2's 9 query heads over 3 KV heads,
 head_dim 64) through shuffled block tables, with fp32, bf16 (a bfloat16 model's query too), int8

@@ -3,8 +3,8 @@
 One layer's attention (SmolLM2's 9 query heads over 3 KV heads, head_dim 64, or `--heads`,
 `--kv-heads`, `--head-dim`) for prompts of several lengths, a chunk after cached context and a
 sliding window, then for the 64 prompts of the batch64 workload one after another, as the engine
-calls it. The two take turns; prints the best of the turns in ms, the TFLOP/s that makes, and
-each one's largest error against SDPA in float32.
+calls it. The two take turns; prints the best of the turns in milliseconds, the rate of
+floating-point operations that makes, and each one's largest error against SDPA in float32.
 
     .venv/bin/python scripts/bench_prefill_attention.py --turns 5
 """
@@ -47,8 +47,8 @@ Shape = tuple[int, int, int]  # query heads, KV heads, head_dim
 
 
 def best_ms(calls: dict[str, Callable[[], object]], turns: int, repeats: int) -> dict[str, float]:
-    """Each call's best time of `turns`, ms; the calls take turns, so a slow spell on a shared
-    machine hits them alike."""
+    """Each call's best time of `turns`, in milliseconds; the calls take turns, so a slow spell
+    on a shared machine hits them alike."""
     for call in calls.values():
         call()
     best = dict.fromkeys(calls, float("inf"))

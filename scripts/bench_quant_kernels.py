@@ -1,4 +1,4 @@
-"""How fast the native linear kernels stream their weights: GB/s per weight format.
+"""How fast the native linear kernels stream their weights: bytes per second, per weight format.
 
 Cycles x (1..64 rows) through SmolLM2-shaped matrices (qkv, o, gate_up, down) totalling about
 256 MB, far more than the L3 cache, so every product reads its weights from DRAM, as decode

@@ -14,9 +14,9 @@ import time
 def main() -> int:
     start = time.perf_counter()
     # Importing the tokenmill package would otherwise build and load the extension through
-    # tokenmill.kernels.ops, and after a failed build there, torch's loader, asked again in the
-    # same process, skips the build it remembers and imports the stale library: a broken source
-    # would be reported ready. So the import takes the reference kernels, and the build below
+    # tokenmill.kernels.extension, and after a failed build there, torch's loader, asked again in
+    # the same process, skips the build it remembers and imports the stale library: a broken
+    # source would be reported ready. So the import takes the reference kernels, and the build below
     # is the only one.
     os.environ["TOKENMILL_KERNELS"] = "torch"
     try:

@@ -11,8 +11,8 @@ from torch.nn import functional as F
 
 from tokenmill.kernels import ops
 
+from .cases import needs_native, random_paged_batch, relative_error
 from .test_fused import gelu_tanh_and_mul_float64, merged_qkv, q_and_k_views, rope_tables
-from .test_ops import needs_native, random_paged_batch, relative_error
 
 needs_bfloat16_linear = pytest.mark.skipif(
     not ops.bfloat16_linear_available(), reason="this CPU or OS has neither AMX nor AVX512-BF16"

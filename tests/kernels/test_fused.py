@@ -4,7 +4,6 @@ fallback."""
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
@@ -187,15 +186,6 @@ def test_non_float32_inputs_take_the_reference_path() -> None:
     assert torch.equal(
         ops.add_rms_norm(x, None, weight, 1e-6)[0], F.rms_norm(x, (10,), weight, 1e-6)
     )
-
-
-@pytest.fixture
-def torch_ops(monkeypatch: pytest.MonkeyPatch):
-    """`ops` re-imported with the native kernels switched off; the real choice is restored."""
-    monkeypatch.setenv(ops.BACKEND_ENV, "torch")
-    yield importlib.reload(ops)
-    monkeypatch.undo()
-    importlib.reload(ops)
 
 
 def test_torch_backend_runs_the_references_with_the_same_in_place_effects(torch_ops) -> None:

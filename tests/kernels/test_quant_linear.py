@@ -11,13 +11,11 @@ Bounds (max |a - b| / max |b| over each output):
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 from torch.nn import functional as F
 
-from tokenmill.kernels import ops
+from tokenmill.kernels import ops, quant_linear
 from tokenmill.quant.int4 import pack_int4
 
 KERNEL_MAX_RELATIVE_ERROR = 1e-5
@@ -144,7 +142,7 @@ def test_activation_rounding_stays_within_its_bound(k: int) -> None:
 def test_wide_inputs_multiply_the_dequantized_weight_in_fp32(
     monkeypatch: pytest.MonkeyPatch, tile_weights: int
 ) -> None:
-    monkeypatch.setattr(ops, "DEQUANTIZE_TILE_WEIGHTS", tile_weights)
+    monkeypatch.setattr(quant_linear, "DEQUANTIZE_TILE_WEIGHTS", tile_weights)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, ops.QUANT_KERNEL_MAX_ROWS, 100, generator=gen)
     bias = torch.randn(40, generator=gen)
@@ -196,15 +194,6 @@ def test_int4_panels_put_each_row_in_its_own_lane() -> None:
         byte = int(qweight[r // 8, block, v, r % 8, j])
         assert (byte >> 4 if high else byte & 0x0F) == codes[r, k]
     assert not qweight[1, :, :, 3:].any()
-
-
-@pytest.fixture
-def torch_ops(monkeypatch: pytest.MonkeyPatch):
-    """`ops` re-imported with TOKENMILL_KERNELS=torch (the fallback), restored afterwards."""
-    monkeypatch.setenv(ops.BACKEND_ENV, "torch")
-    yield importlib.reload(ops)
-    monkeypatch.undo()
-    importlib.reload(ops)
 
 
 def test_torch_backend_runs_the_references(torch_ops) -> None:

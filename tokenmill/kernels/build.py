@@ -49,8 +49,8 @@ def load_extension(verbose: bool = False) -> ModuleType:
 def _put_ninja_on_path() -> None:
     """torch runs whichever `ninja` comes first on PATH. A machine may have its own besides the
     pinned pip one, which is first on PATH only in an activated venv; two ninja versions do not
-    share a build log (this machine's 1.11 and the pinned 1.13), so each rebuilt everything the
-    other had built, 30-50 s at every start that switched. The pinned one goes first, always."""
+    share a build log, so each rebuilt everything the other had built, a full build at every
+    start that switched. The pinned one goes first, always."""
     try:
         import ninja  # the pinned pip package; imported late because only a build needs it
     except ImportError:  # an install without it: whatever ninja PATH has

@@ -1,10 +1,9 @@
 // y = x W^T + b for a bfloat16 model's products, on a copy of W packed once at engine start: on
-// Intel AMX tiles where the CPU has them (Sapphire Rapids and later), else with AVX512-BF16 dot
-// products (AMD Zen 4 and later, Intel Cooper Lake).
+// AMX tiles where the CPU has them, else with AVX512-BF16 dot products where it has those.
 //
-// torch's bfloat16 product (oneDNN) streamed SmolLM2's weights at about 12 GB/s at every decode
-// batch from 1 to 64 rows on a 2-core AVX-512 Xeon: set-up cost and a weight reorder per call,
-// not arithmetic, bound it. Here each step of a product reads W as it lies.
+// torch's bfloat16 product (oneDNN) streamed SmolLM2's weights slowly at every decode batch from
+// 1 to 64 rows, about equally at each: set-up cost and a weight reorder per call, not
+// arithmetic, bound it. Here each step of a product reads W as it lies.
 //
 // W is packed in the layout of AMX's B operand: per panel of 16 outputs, rows of k pairs, each
 // row the 16 outputs' pairs (64 bytes). Both instruction sets multiply bfloat16 pairs exactly and
@@ -29,7 +28,7 @@
 // Linux hands a process the AMX tile state only when it asks (arch_prctl), once; where the CPU
 // lacks AMX or the kernel refuses, `amx_available` is false and the dot products run. Where the
 // CPU lacks both, or TOKENMILL_AVX512=0 asks for the AVX2 baseline, `bfloat16_linear_available`
-// is false and ops.py leaves these products to the other paths.
+// is false and float_linear.py leaves these products to the other paths.
 
 #include <ATen/ATen.h>
 #include <cpuid.h>

@@ -1,4 +1,5 @@
-// Python bindings of the native kernels; tokenmill/kernels/ops.py is their only caller.
+// Python bindings of the native kernels; the modules of tokenmill/kernels (through ops) are their
+// only callers.
 
 #include <torch/extension.h>
 

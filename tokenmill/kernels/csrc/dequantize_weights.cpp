@@ -1,4 +1,4 @@
-// int8 / int4 block weights (the row-major layouts ops.py describes) and fp8 e4m3 weights
+// int8 / int4 block weights (the row-major layouts quant_panels.py describes) and fp8 e4m3 weights
 // with a scale per row back to fp32 [N, K].
 //
 // For wide x (prefill, big batches) torch's blocked GEMM beats streaming the quantized weights

@@ -6,16 +6,15 @@
 //
 // One to three rows of x (decode of a few sequences, a short speculative verification) are
 // bound by DRAM: narrow_tile streams two to four panels at once, each weight vector serving all
-// the rows. One row reads SmolLM2's layer weights at about 31 GB/s this way, where the skinny
-// kernel on the plain [N, K] weight (rows of W, horizontal sums at the end) reached 21.
+// the rows. One row reads SmolLM2's layer weights markedly faster this way than the skinny
+// kernel on the plain [N, K] weight (rows of W, horizontal sums at the end) does.
 //
 // From four rows on, arithmetic bounds the product and the classic register tile keeps both FMA
 // pipes busy: 6 rows of x by 16 outputs in 12 ymm accumulators, so every step of k loads two
 // vectors of W and six broadcasts of x and issues 12 independent FMAs, enough to cover the FMA
 // latency. Each call packs its x the same way, 6 rows per chunk ([M / 6, K, 6], zero rows
-// padding the last chunk). oneDNN's GEMM on its own blocked copy reached 88-134 GFLOP/s on
-// SmolLM2's products at 24-256 rows; this tile 109-155 in the same runs (the machine's peak is
-// about 184).
+// padding the last chunk). On SmolLM2's products at 24-256 rows this tile ran ahead of oneDNN's
+// GEMM on its own blocked copy, in the same runs.
 //
 // The tile's 12 accumulators are named variables, not an array: with an array there GCC kept
 // them in memory and stored all twelve on every step of k, which halved the speed.
@@ -23,19 +22,16 @@
 // On a CPU with AVX-512 (checked once at run time: the build targets AVX2, so one library runs
 // on every CPU here) the tile takes two panels at once, a panel's 16 outputs being one zmm
 // vector, and two chunks of x (12 rows, 24 accumulators). Every output lane still runs the same
-// FMAs in the same order of k, so its result is bit-identical to the AVX2 tile's. On a 2-core
-// AVX-512 Xeon, SmolLM2's four layer products took 1.30 ms at 64 rows (AVX2 tile 2.05,
-// oneDNN's 512-bit GEMM on its packed copy 1.44) and 0.50 at 16 rows (0.66, 0.57) with weights
-// in cache, before the two-chunk tile.
+// FMAs in the same order of k, so its result is bit-identical to the AVX2 tile's. With weights
+// in cache, even before the two-chunk tile, it beat both the AVX2 tile and oneDNN's 512-bit
+// GEMM on its packed copy over SmolLM2's layer products at 16 and 64 rows.
 //
 // A decode step's weights come from DRAM, though, and there the tile's wide products were
 // slower than arithmetic and memory would explain: the first tile call over a panel waited on
 // DRAM, the calls after it computed from L2 while DRAM sat idle. Software prefetches
-// (prefetch.h) now keep the next panels arriving during that arithmetic. All 121 of
-// SmolLM2's products, weights from DRAM, ms (GFLOP/s) before -> after: 8 rows 28.2 -> 23.4,
-// 16 rows 33.4 -> 29.1, 32 rows 48.0 -> 36.7, 64 rows 72.2 (238) -> 57.0 (302), 128 rows
-// 135.5 -> 108.6; with TOKENMILL_AVX512=0 (the AVX2 tile, prefetches only) 4 rows 32.8 -> 26.6,
-// 16 rows 48.6 -> 31.9, 64 rows 103.8 -> 90.3.
+// (prefetch.h) now keep the next panels arriving during that arithmetic, which shortened all
+// of SmolLM2's products with weights from DRAM at every row count measured (8 to 128), on the
+// AVX2 tile (TOKENMILL_AVX512=0) too.
 
 #include <ATen/ATen.h>
 
@@ -89,7 +85,7 @@ void tile(const float* x, const float* w, int64_t k, const float* bias, float* y
           int64_t rows, int64_t valid, PassPrefetch ahead) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
   __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-  // Unrolled: the loop's own counter and pointer updates otherwise take issue slots (+10%).
+  // Unrolled: the loop's own counter and pointer updates otherwise take issue slots.
 #pragma GCC unroll 4
   for (int64_t i = 0; i < k; ++i, x += kChunk, w += kPanel) {
     const __m256 w0 = _mm256_load_ps(w), w1 = _mm256_load_ps(w + 8);
@@ -123,9 +119,9 @@ void tile(const float* x, const float* w, int64_t k, const float* bias, float* y
 
 // The tile over panels a and b (adjacent; b's last `valid` outputs real) with zmm vectors, for
 // `Chunks` chunks of x at once (x[h], rows[h] real rows each): with two, 24 accumulators, and
-// each pair of weight vectors loaded serves 12 rows instead of 6, which took SmolLM2's products
-// at 64 rows, weights in cache, from 240-290 to 300-350 GFLOP/s. Arrays are fine here: fully
-// unrolled, GCC keeps all 24 in registers.
+// each pair of weight vectors loaded serves 12 rows instead of 6, which sped up SmolLM2's
+// products at 64 rows with weights in cache. Arrays are fine here: fully unrolled, GCC keeps all
+// 24 in registers.
 template <int Chunks>
 [[gnu::target("avx512f,avx512dq")]] void tile_pair(const float* const (&x)[Chunks],
                                                    const int64_t (&rows)[Chunks], const float* a,
@@ -205,8 +201,7 @@ void narrow_tile(const float* x, const float* w, int64_t k, const float* bias, f
 template <int Rows>
 constexpr int64_t kNarrowPanels = Rows == 1 ? 4 : Rows == 2 ? 3 : 2;
 // Up to this many rows of x, the product runs on narrow_tile. Three rows did too with the AVX2
-// tile; the 512-bit one takes them faster (all 121 of SmolLM2's products: 24.8 ms narrow, 21.8
-// for four rows on the tile).
+// tile; the 512-bit one takes them faster (measured over all of SmolLM2's products).
 const int64_t kNarrowMaxRows = kTilePanels == 2 ? 2 : 3;
 
 // narrow_tile over `count` <= Panels panels: only the last group of a product is short.

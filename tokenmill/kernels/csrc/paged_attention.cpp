@@ -12,7 +12,7 @@
 // time become 8 floats (a sign extension, or e4m3's bits moved into fp16, fp8.h) and the token's
 // scale multiplies the finished dot product and the value's softmax weight. Over either, a
 // bfloat16 model's query is widened as it is read and the output rounded once. Where the CPU
-// has AVX-512, the same walk runs 16 lanes at a time (the AVX-512 path, below).
+// has AVX-512, the same walk runs 16 lanes at a time (paged_attention_avx512.inc).
 
 #include <ATen/ATen.h>
 
@@ -211,10 +211,6 @@ void add_values(const Cache& cache, int64_t block, int64_t first, int64_t tokens
   }
 }
 
-// Whether attention takes its AVX-512 path (below) where the head dim is a multiple of 16
-// (TOKENMILL_AVX512=0 keeps the AVX2 path, the baseline it is measured against).
-const bool kWideAttention = avx512_usable();
-
 // One block's part of a head's softmax: its scores' maximum, joined with the running one, and
 // the sum of the weights exp(s - max) they became.
 struct BlockWeights {
@@ -222,162 +218,12 @@ struct BlockWeights {
   float sum;
 };
 
-// Query heads that the AVX-512 path runs together over each key and value row.
-constexpr int64_t kWideHeads = 4;
-
-// The AVX-512 path. The AVX2 path above widens every key and value row once per query head that
-// reads it (3 times for SmolLM2's groups of 3), and its vectors hold 8 lanes. With a bfloat16 or
-// 8-bit cache that arithmetic, not memory, bounded attention: over one layer's cache held in
-// L3, bfloat16 took 0.9 ms where the float32 cache, twice the bytes, took 1.0. Here each row is
-// widened once, 16 lanes at a time, for up to kWideHeads query heads whose products stay in
-// registers (4 heads x 4 keys of scores, or 4 heads x 64 columns of values, fit AVX-512's 32):
-// 0.69 ms, and from DRAM 1.16 -> 1.00 ms a layer (int8 0.95 -> 0.73; float32 unchanged, its
-// memory bounds it). Sums are added in another order than the AVX2 path's, so the two differ
-// in the last bits.
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl")
-namespace wide {
-
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {
-  return bfloat16x16(reinterpret_cast<const uint16_t*>(p));
-}
-inline __m512 load16(const int8_t* p) {
-  return _mm512_cvtepi32_ps(
-      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-inline __m512 load16(const uint8_t* p) { return fp8x16_scaled(p); }  // times Fp8Elements::kScale
-
-inline __m256 halves_added(__m512 v) {
-  return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-}
-
-// H query heads' (rows of `q`, pre-scaled) scores against four key rows, into columns [0, 4) of
-// the heads' weight rows (`weights`, `stride` apart).
-template <int H, typename Cache>
-[[gnu::always_inline]] inline void score4(const Cache& cache, const float* q,
-                                          const typename Cache::Row (&k)[kKeyTile],
-                                          float* weights, int64_t stride) {
-  const int64_t dim = cache.head_dim;
-  __m512 acc[H][kKeyTile];
-  for (int g = 0; g < H; ++g)
-    for (int j = 0; j < kKeyTile; ++j) acc[g][j] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < dim; i += 16) {
-    __m512 keys[kKeyTile];
-    for (int j = 0; j < kKeyTile; ++j) keys[j] = load16(k[j].data + i);
-    for (int g = 0; g < H; ++g) {
-      const __m512 qv = _mm512_loadu_ps(q + g * dim + i);
-      for (int j = 0; j < kKeyTile; ++j) acc[g][j] = _mm512_fmadd_ps(qv, keys[j], acc[g][j]);
-    }
-  }
-  for (int g = 0; g < H; ++g) {
-    __m128 sums = sum4(halves_added(acc[g][0]), halves_added(acc[g][1]),
-                       halves_added(acc[g][2]), halves_added(acc[g][3]));
-    if constexpr (Cache::Elements::kScaled)
-      sums = _mm_mul_ps(sums, _mm_setr_ps(k[0].scale, k[1].scale, k[2].scale, k[3].scale));
-    _mm_storeu_ps(weights + g * stride, sums);
-  }
-}
-
-// Scores of positions [first, tokens) of one block for H heads, asking for the next block's rows
-// (`next_tokens` of them) as the AVX2 path does.
-template <int H, typename Cache>
-void score_block(const Cache& cache, int64_t block, int64_t first, int64_t tokens,
-                 int64_t kv_head, const float* q, float* weights, int64_t stride,
-                 int64_t next_block, int64_t next_tokens) {
-  for (int64_t t = first; t < tokens; t += kKeyTile) {
-    typename Cache::Row k[kKeyTile];
-    key_tile(cache, block, t, tokens, kv_head, next_block, next_tokens, k);
-    score4<H>(cache, q, k, weights + t, stride);
-  }
-}
-
-// acc rows of H heads (`dim` apart), columns [offset, offset + 16 V), += the block's values
-// weighted by each head's weights (rows `stride` apart).
-template <int H, int V, typename Cache>
-[[gnu::always_inline]] inline void value_columns(const Cache& cache, int64_t block,
-                                                 int64_t first, int64_t tokens, int64_t kv_head,
-                                                 const float* weights, int64_t stride,
-                                                 int64_t offset, float* acc) {
-  const int64_t dim = cache.head_dim;
-  __m512 c[H][V];
-  for (int g = 0; g < H; ++g)
-    for (int j = 0; j < V; ++j) c[g][j] = _mm512_loadu_ps(acc + g * dim + offset + 16 * j);
-  for (int64_t t = first; t < tokens; ++t) {
-    const auto v = cache.value(block, t, kv_head);
-    __m512 rows[V];
-    for (int j = 0; j < V; ++j) rows[j] = load16(v.data + offset + 16 * j);
-    for (int g = 0; g < H; ++g) {
-      const __m512 w = _mm512_set1_ps(weights[g * stride + t] * v.scale);
-      for (int j = 0; j < V; ++j) c[g][j] = _mm512_fmadd_ps(w, rows[j], c[g][j]);
-    }
-  }
-  for (int g = 0; g < H; ++g)
-    for (int j = 0; j < V; ++j) _mm512_storeu_ps(acc + g * dim + offset + 16 * j, c[g][j]);
-}
-
-template <int H, typename Cache>
-void add_values(const Cache& cache, int64_t block, int64_t first, int64_t tokens,
-                int64_t kv_head, const float* weights, int64_t stride, float* acc) {
-  const int64_t dim = cache.head_dim;
-  int64_t i = 0;
-  for (; i + 64 <= dim; i += 64)
-    value_columns<H, 4>(cache, block, first, tokens, kv_head, weights, stride, i, acc);
-  for (; i < dim; i += 16)
-    value_columns<H, 1>(cache, block, first, tokens, kv_head, weights, stride, i, acc);
-}
-
-// HeadGroup::rebase's scores of one block into weights, 16 at a time: one vector max and one
-// vector sum, where the AVX2 path runs a scalar max loop over the block and two exp8 for 16
-// scores. Lanes past the block's last token are neither read nor written.
-inline BlockWeights weigh_scores(float* scores, int64_t first, int64_t tokens,
-                                 float running_max) {
-  const auto lanes = [&](int64_t t) {
-    return static_cast<__mmask16>(tokens - t >= 16 ? 0xffff : (1u << (tokens - t)) - 1);
-  };
-  __m512 block_max = _mm512_set1_ps(running_max);
-  for (int64_t t = first; t < tokens; t += 16)
-    block_max = _mm512_mask_max_ps(block_max, lanes(t), block_max,
-                                   _mm512_maskz_loadu_ps(lanes(t), scores + t));
-  const float new_max = _mm512_reduce_max_ps(block_max);
-  const __m512 shift = _mm512_set1_ps(new_max);
-  __m512 sums = _mm512_setzero_ps();
-  for (int64_t t = first; t < tokens; t += 16) {
-    const __m512 w = _mm512_maskz_mov_ps(
-        lanes(t), exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes(t), scores + t), shift)));
-    _mm512_mask_storeu_ps(scores + t, lanes(t), w);
-    sums = _mm512_add_ps(sums, w);
-  }
-  return {new_max, _mm512_reduce_add_ps(sums)};
-}
-
-}  // namespace wide
-#pragma GCC pop_options
-
-// body(g, std::integral_constant<int, n>) for each run of n <= kWideHeads heads, from head g, of
-// a group of `heads`.
-template <typename Body>
-void for_head_runs(int64_t heads, Body body) {
-  for (int64_t g = 0; g < heads; g += kWideHeads) {
-    switch (std::min(kWideHeads, heads - g)) {
-      case 1:
-        body(g, std::integral_constant<int, 1>{});
-        break;
-      case 2:
-        body(g, std::integral_constant<int, 2>{});
-        break;
-      case 3:
-        body(g, std::integral_constant<int, 3>{});
-        break;
-      default:
-        body(g, std::integral_constant<int, kWideHeads>{});
-    }
-  }
-}
+// The AVX-512 path: kWideAttention, namespace wide and for_head_runs.
+#include "paged_attention_avx512.inc"
 
 // Asks for one block's key and value rows of one KV head ahead of use. Blocks sit anywhere in
 // the cache and a pair reads only its head's slice of each token row, so the hardware
-// prefetcher cannot predict these reads (measured: 5.9 -> 4.1 ms at B=64, ~290 tokens).
+// prefetcher cannot predict these reads; asking ahead shortened a large batch's attention.
 // always_inline: otherwise GCC's IPA finds a function made only of prefetches free of side
 // effects and deletes every call to it.
 template <typename Cache>
@@ -411,10 +257,10 @@ class HeadGroup {
   // where a sliding window starts mid-block), asking for the next block's rows (`next_tokens`
   // of them; 0 after the last block) one token per token computed here: spread out this way
   // the requests overlap the arithmetic, where a burst of them for a whole block stalled it
-  // (B = 64, 320 tokens: 5.4 -> 3.8 ms, median of alternating runs of both builds). Each key
-  // and value row is read from memory once and used by every head of the group while it is in
-  // L1 (on the AVX-512 path, in registers): grouping heads by KV head is what makes GQA cost
-  // one read of K and V, not one per query head.
+  // (measured on a large batch, alternating runs of both builds). Each key and value row is
+  // read from memory once and used by every head of the group while it is in L1 (on the
+  // AVX-512 path, in registers): grouping heads by KV head is what makes GQA cost one read of
+  // K and V, not one per query head.
   template <typename Cache>
   void attend_block(const Cache& cache, int64_t block, int64_t first, int64_t tokens,
                     int64_t kv_head, int64_t next_block, int64_t next_tokens) {
@@ -568,9 +414,9 @@ struct PartitionSums {
 // last_partition) of its context, each partition's sums into `partial`, or the output into out.
 // Block by block, every head of the range takes its turn on the block before the next block:
 // a block holds its tokens' rows of all KV heads side by side, so the range reads it as one
-// run of memory instead of a head's 256-byte slice every 768 bytes (B = 64, ~320 tokens,
-// SmolLM2's 9 query and 3 KV heads: 4.0-4.6 -> 3.5-3.6 ms a layer; with score4 and the value
-// columns held in registers, 3.2). One block of prefetch ahead is enough: a block's arithmetic
+// run of memory instead of a head's 256-byte slice every 768 bytes (with SmolLM2's 9 query and
+// 3 KV heads), which shortened a large batch's attention, as holding score4's sums and the value
+// columns in registers did again. One block of prefetch ahead is enough: a block's arithmetic
 // outlasts a DRAM round trip; the first block is requested in one burst, as nothing could
 // overlap it. The prefetches run on across partitions.
 template <typename Cache, typename Q>

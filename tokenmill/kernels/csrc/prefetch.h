@@ -10,13 +10,13 @@
 // pass has several calls, each asks, spread evenly over its steps of k, for its share of the
 // next pass's panels, so these arrive while the arithmetic on the current ones runs.
 //
-// The next panels go to L2 only: asked into L1, they evicted the panels and x in use (SmolLM2's
-// float32 products at 64 rows: 64.6 ms against 60.2). Near the end of W the streaming addresses
+// The next panels go to L2 only: asked into L1, they evicted the panels and x in use, and
+// SmolLM2's float32 products at 64 rows ran slower. Near the end of W the streaming addresses
 // run past it, which is harmless: a prefetch never faults.
 //
-// The AMX kernel (bfloat16_linear.cpp) has the same passes but gained nothing from either kind:
-// SmolLM2's 121 bfloat16 products at 64 rows took 18.8 ms without, 19.7 with the streaming and
-// 19.2 with the next panels; what holds it at 64 rows is not the DRAM stream.
+// The AMX kernel (bfloat16_linear.cpp) has the same passes but gained nothing from either kind
+// (both made SmolLM2's bfloat16 products at 64 rows a little slower): what holds it at 64 rows
+// is not the DRAM stream.
 
 #pragma once
 

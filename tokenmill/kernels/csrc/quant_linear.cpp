@@ -16,11 +16,9 @@
 // FMA a block then scales the 8 rows' sums by their weight scales times the block's x scale.
 // Where the CPU has AVX-512 VNNI, vpdpbusd and vpdpwssd multiply and add into the int32 sums in
 // one instruction each, and zmm vectors take two panels a pass (quant_panels.inc, compiled for
-// both): the same sums, int4 products 1.3x faster at 2 rows of x and 2.0x at 64 than AVX2's, int8
-// ones 1.3x at 4 rows and 2.1x at 64, on a 2-core Xeon.
+// both): the same sums in fewer instructions, a gain that grows with the rows of x.
 // The per-row reductions, scale combining and stores of a row-major kernel disappear: at one
-// row of x, large matrices stream at up to 35 GB/s here (2 threads), 1.5-2.3x the row-major
-// kernel. A panel is one contiguous stream, read once per call: every row of x is multiplied
+// row of x, large matrices stream well ahead of the row-major kernel. A panel is one contiguous stream, read once per call: every row of x is multiplied
 // while the panel is in L1, four rows at a time (the int4 pass of four keeps some values on the
 // stack, but passes of two or three measured no faster).
 // This is llama.cpp's repacked "Q4_0 8x8" idea (weights interleaved across rows for SIMD lanes),
@@ -45,8 +43,8 @@ constexpr int64_t kPanelRows = 8;
 // Rows of x per pass over a panel, each weight vector unpacked once for all of them.
 constexpr int kXRows = 4;
 // Each block's bytes this far ahead are prefetched: a thread's panels are one stream, but the
-// hardware prefetcher stops at every 4 KB page (the Q8_0 LM head: 1.0-1.2 ms with, 1.4-1.6 ms
-// without; 1 and 4 KB ahead measured no better).
+// hardware prefetcher stops at every 4 KB page (measured on the Q8_0 LM head; 1 and 4 KB ahead
+// did no better).
 constexpr int64_t kPrefetchBytes = 2048;
 
 // Four consecutive activation bytes (or two int16) as one 32-bit value, for every lane of a
@@ -71,9 +69,8 @@ struct Int4Panels {
   static constexpr bool kHasMins = true;
   static constexpr int64_t kBlockBytes = kPanelRows * kQuantBlock / 2;
   // Rows of x from which VNNI passes take two panels at once (below, one: a single stream reads
-  // a bandwidth-bound product faster). SmolLM2's int4 layer products, ms at 1 / 2 / 4 / 16 / 64
-  // rows, two panels against one: 0.074-0.079 / 0.097-0.105 / 0.120-0.128 / 0.346 / 1.161
-  // against 0.075-0.079 / 0.117-0.120 / 0.160 / 0.475 / 1.808.
+  // a bandwidth-bound product faster). Over SmolLM2's int4 layer products two panels tie with one
+  // at one row of x and win from two rows on.
   static constexpr int64_t kPairMinRows = 2;
 };
 
@@ -83,9 +80,8 @@ struct Int8Panels {
   using Activation = int16_t;
   static constexpr bool kHasMins = false;
   static constexpr int64_t kBlockBytes = kPanelRows * kQuantBlock;
-  // The Q8_0 LM head (49,152 x 576), ms at 1 / 2 / 3 / 4 / 16 / 64 rows, two panels against
-  // one: 0.62 / 0.63-0.65 / 0.68 / 0.81-0.86 / 2.64 / 9.46 against 0.55-0.57 / 0.58 / 0.70-0.72
-  // / 0.81 / 2.98 / 12.1.
+  // On the Q8_0 LM head (49,152 x 576) one panel wins at one and two rows of x, the two are even
+  // around three and four, and two panels win from there on.
   static constexpr int64_t kPairMinRows = 3;
 };
 

@@ -126,7 +126,7 @@ struct Lanes<c10::BFloat16> {
 // polynomial for e^r, 2^n built in the exponent bits); about 1e-7 relative error. Inputs below
 // -87.3 give 0, never a denormal: attention multiplies these weights by a quantized cache's
 // token scales, and products that came out denormal took a microcode assist each (an int8 cache
-// whose scores spanned hundreds: 12.6 ms a call against 0.7). No softmax sum notices e^-87.
+// whose scores spanned hundreds ran many times slower). No softmax sum notices e^-87.
 inline __m256 exp8(__m256 x) {
   const __m256 lowest = _mm256_set1_ps(-87.3f);
   const __m256 representable = _mm256_cmp_ps(x, lowest, _CMP_GE_OQ);
