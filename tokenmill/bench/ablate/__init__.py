@@ -7,8 +7,8 @@ docs/benchmarks.md reports; `QUICK` shrinks every experiment to a few tokens so 
 runs in seconds.
 
 The experiments are grouped by theme: kv (KV cache, KV memory, prefix caching), scheduling
-(batching, chunked prefill), speculation, kernels (decode loop, prepacked weights); context
-holds what they share and run the registry and the run itself.
+(batching, chunked prefill), speculation, kernels (decode loop, prepacked weights). sizes,
+observers and context hold what they share; run holds the registry by name and the run itself.
 """
 
 from tokenmill.bench.ablate.context import AblateContext, Experiment
