@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 
 from tokenmill import cli
+from tokenmill.bench.quality import measure_quality
 from tokenmill.config import EngineArgs
 from tokenmill.engine.engine import LLMEngine
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.loader.model_loader import LoadedModel
 from tokenmill.quant.calibration import token_windows
-from tokenmill.quant.evaluate import measure_quality
 from tokenmill.sampling.params import SamplingParams
 
 from .test_engine import VARIED_PROMPTS, random_prompt, run_all, tokens

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from tokenmill.bench.evaluate import model_weight_bytes
 from tokenmill.kernels import ops
 from tokenmill.loader.model_loader import LoadedModel
 from tokenmill.model.attention import AttentionMetadata
-from tokenmill.quant.evaluate import model_weight_bytes
 from tokenmill.quant.fp8 import FP8_DTYPE, Fp8Linear, quantize_fp8
 from tokenmill.quant.registry import quant_method
 

@@ -26,8 +26,8 @@ BUILD_TOOLS = VenvSpec("llama.cpp", ("cmake==4.4.4",))
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_NATIVE=ON",  # the vector extensions of the machine that runs it, but not AMX:
-    # built with it, llama-server died on SIGILL in its AMX kernel on the project's AVX-512
-    # machine, whose VM does run AMX tiles for a process that asks (tokenmill's own do)
+    # built with it, llama-server can die on SIGILL in its AMX kernel on a VM that grants AMX
+    # tiles only to a process that asks for them (tokenmill's own kernels do ask)
     "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
     "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
     "-DLLAMA_BUILD_TOOLS=ON",
@@ -46,8 +46,8 @@ BUILD_ID = " ".join((LLAMA_CPP_PYTHON, *CMAKE_OPTIONS))
 
 
 def ensure_llama_server(cache_dir: Path, install: bool, jobs: int) -> Path:
-    """Path of the built llama-server binary, building it first if needed (about 12 CPU
-    minutes on 2 cores)."""
+    """Path of the built llama-server binary, building it first if needed (a long compile,
+    done once per cache directory and options)."""
     home = cache_dir / BUILD_TOOLS.name
     binary = home / "build" / "bin" / "llama-server"
     stamp = home / "build" / ".tokenmill-built"

@@ -30,7 +30,8 @@ class Distribution:
         )
 
     def summary(self, unit: str = "ms", with_p90: bool = False) -> str:
-        """ "mean / p50 / p99 ms", or "mean / p50 / p90 / p99 ms"."""
+        """One line: mean, p50 and p99 (p90 too with `with_p90`) joined by " / ", then the
+        unit."""
         values = [self.mean, self.p50, *([self.p90] if with_p90 else []), self.p99]
         return " / ".join(f"{v:.1f}" for v in values) + f" {unit}"
 

@@ -1,10 +1,11 @@
 """`tokenmill eval`: what each quantization costs in quality and buys in bytes and speed.
 
-Quality is measured on the held-out split of the built-in text (`calibration.py`), which no
-calibrating method has seen: the quantized model's perplexity, and, position by position
-against the unquantized model, KL(P_ref || P_quant) of the next-token distributions and how
-often both put the same token first. Speed is the throughput benchmark's own measurement
-(tokenmill/bench/throughput.py) on its `single` and `batch64` workloads.
+Quality (quality.py) is measured on the held-out split of the built-in text
+(tokenmill/quant/calibration.py), which no calibrating method has seen: the quantized model's
+perplexity, and, position by position against the unquantized model, KL(P_ref || P_quant) of
+the next-token distributions and how often both put the same token first. Speed is the
+throughput benchmark's own measurement (tokenmill/bench/throughput.py) on its `single` and
+`batch64` workloads.
 
 A quantized KV cache (`kv_cache_dtype` int8 / fp8) gets rows of its own, on the unquantized
 weights: there every attention score reads the stored 8-bit keys and values.
@@ -23,30 +24,20 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
+from tokenmill.bench.quality import Quality, measure_quality
 from tokenmill.bench.throughput import run_throughput
 from tokenmill.bench.workloads import load_workload
 from tokenmill.config import EngineArgs
 from tokenmill.engine.engine import LLMEngine
-from tokenmill.kv.layout import allocate_kv_caches, slot_mapping
 from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.loader.resolve import resolve_model
-from tokenmill.model.attention import MAX_DECODE_QUERY, AttentionMetadata
 from tokenmill.quant.calibration import split_text, text_fingerprint, token_windows
 from tokenmill.quant.registry import quantization_choices
 
 DEFAULT_EVAL_SAMPLES = 32
 DEFAULT_EVAL_SEQ_LEN = 256
-WINDOWS_PER_PASS = 4  # held-out windows per forward pass, bounding the logits' memory
 SPEED_WORKLOADS = ("single", "batch64")
-
-
-@dataclass(frozen=True)
-class Quality:
-    perplexity: float
-    kl_divergence: float  # nats, mean over positions
-    top1_agreement: float  # fraction of positions where both models rank the same token first
 
 
 @dataclass
@@ -56,7 +47,9 @@ class EvalRow:
     quality: Quality
     weight_bytes: int
     kv_bytes_per_token: int
-    tokens_per_s: dict[str, float] = field(default_factory=dict)  # workload -> output tok/s
+    tokens_per_s: dict[str, float] = field(
+        default_factory=dict
+    )  # workload -> output tokens per second
 
 
 @dataclass
@@ -98,69 +91,6 @@ class EvalReport:
 
     def write_json(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2), encoding="utf-8")
-
-
-def window_log_probs(model: nn.Module, windows: torch.Tensor) -> torch.Tensor:
-    """Next-token log-probabilities `[num_windows, seq_len, vocab]`, each window its own
-    sequence from position 0, in one forward pass without a KV cache."""
-    count, seq_len = windows.shape
-    meta = AttentionMetadata.build([seq_len] * count, [seq_len] * count, None, 16, None)
-    with torch.inference_mode():
-        hidden = model(windows.reshape(-1), torch.arange(seq_len).repeat(count), None, meta)
-        logits = model.compute_logits(hidden).float()
-    return F.log_softmax(logits, dim=-1).view(count, seq_len, -1)
-
-
-def cached_window_log_probs(
-    model: nn.Module, windows: torch.Tensor, kv_cache_dtype: str, block_size: int = 16
-) -> torch.Tensor:
-    """`window_log_probs` with K and V kept in a paged cache of `kv_cache_dtype`: the first
-    token alone, then chunks of MAX_DECODE_QUERY tokens, which attend token by token through
-    the decode path as generation does, so every score reads keys and values back from it."""
-    count, seq_len = windows.shape
-    blocks = -(-seq_len // block_size)
-    caches = allocate_kv_caches(
-        model.config, count * blocks, block_size, torch.float32, kv_cache_dtype
-    )
-    tables = [list(range(i * blocks, (i + 1) * blocks)) for i in range(count)]
-    logits: list[torch.Tensor] = []
-    start = 0
-    with torch.inference_mode():
-        while start < seq_len:
-            stop = min(start + MAX_DECODE_QUERY, seq_len) if start else 1
-            slots = [s for table in tables for s in slot_mapping(table, block_size, start, stop)]
-            meta = AttentionMetadata.build(
-                [stop - start] * count, [stop] * count, tables, block_size, slots
-            )
-            ids, positions = windows[:, start:stop], torch.arange(start, stop).repeat(count)
-            hidden = model(ids.reshape(-1), positions, caches, meta)
-            logits.append(model.compute_logits(hidden).float().view(count, stop - start, -1))
-            start = stop
-    return F.log_softmax(torch.cat(logits, dim=1), dim=-1)
-
-
-def measure_quality(
-    reference: nn.Module, model: nn.Module, windows: torch.Tensor, kv_cache_dtype: str = "auto"
-) -> Quality:
-    """`model`'s perplexity on `windows` [n, seq_len], and its next-token distributions
-    against `reference`'s at every position; with a quantized `kv_cache_dtype`, `model` reads
-    its keys and values from such a cache."""
-    nll = kl = agree = 0.0
-    for part in windows.split(WINDOWS_PER_PASS):
-        ref = window_log_probs(reference, part)
-        if kv_cache_dtype != "auto":
-            ours = cached_window_log_probs(model, part, kv_cache_dtype)
-        else:
-            ours = ref if model is reference else window_log_probs(model, part)
-        nll -= ours[:, :-1].gather(-1, part[:, 1:, None]).sum().item()
-        kl += (ref.exp() * (ref - ours)).sum().item()
-        agree += (ref.argmax(-1) == ours.argmax(-1)).sum().item()
-    positions = windows.numel()
-    return Quality(
-        perplexity=float(torch.tensor(nll / (positions - windows.shape[0])).exp()),
-        kl_divergence=kl / positions,
-        top1_agreement=agree / positions,
-    )
 
 
 def model_weight_bytes(model: nn.Module) -> int:

@@ -1,0 +1,42 @@
+"""`tokenmill bench throughput`: offline throughput and latency of a workload."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from tokenmill.cli.engine_args import add_engine_args, engine_args_from
+from tokenmill.engine.engine import LLMEngine
+
+
+def add_parser(kinds: argparse._SubParsersAction) -> None:
+    throughput = kinds.add_parser("throughput", help="offline throughput and latency")
+    throughput.add_argument(
+        "--workload", default="batch64", help="batch64, single, or a JSONL file of requests"
+    )
+    throughput.add_argument("--json", default=None, help="also write the result as JSON here")
+    throughput.add_argument(
+        "--temperature", type=float, default=0.0, help="0 (the default): greedy; above: sampled"
+    )
+    throughput.add_argument(
+        "--seed", type=int, default=None, help="with --temperature: request i uses seed + i"
+    )
+    add_engine_args(throughput)
+    throughput.set_defaults(func=run)
+
+
+def run(ns: argparse.Namespace) -> int:
+    from tokenmill.bench.report import write_json
+    from tokenmill.bench.throughput import run_throughput
+    from tokenmill.bench.workloads import load_workload
+
+    requests = load_workload(ns.workload)
+    args = engine_args_from(ns)
+    engine = LLMEngine(args)
+    result = run_throughput(engine, requests, ns.workload, temperature=ns.temperature, seed=ns.seed)
+    print(result.table())
+    if ns.json:
+        payload = {"benchmark": "throughput", "engine_args": dataclasses.asdict(args)}
+        write_json(Path(ns.json), {**payload, **dataclasses.asdict(result)})
+    return 0

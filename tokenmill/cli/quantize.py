@@ -1,0 +1,59 @@
+"""`tokenmill quantize`: write a quantized checkpoint that tokenmill loads directly."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tokenmill.quant.registry import QUANT_METHODS
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    quantize = commands.add_parser(
+        "quantize", help="write a quantized checkpoint that tokenmill loads directly"
+    )
+    quantize.add_argument("--method", required=True, choices=list(QUANT_METHODS))
+    quantize.add_argument("--bits", type=int, default=None, help="the method's only one if unset")
+    quantize.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        help="inputs per scale: 32, 64 or 128 (int4 default 32; int8 default per channel)",
+    )
+    quantize.add_argument(
+        "--calib-samples",
+        type=int,
+        default=None,
+        help="gptq, awq, smoothquant: calibration windows of 512 tokens (default 64)",
+    )
+    quantize.add_argument(
+        "--act-order",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="gptq: round inputs by decreasing activation energy (default on)",
+    )
+    quantize.add_argument(
+        "--alpha", type=float, default=None, help="smoothquant: migration strength (0.5)"
+    )
+    quantize.add_argument("model", help="a .gguf file, a Hugging Face directory or package name")
+    quantize.add_argument("out_dir")
+    quantize.set_defaults(func=run)
+
+
+def run(ns: argparse.Namespace) -> int:
+    import torch
+
+    from tokenmill.loader.model_loader import load_model
+    from tokenmill.quant.checkpoint import save_quantized
+    from tokenmill.quant.registry import quant_method
+
+    options = {
+        key: getattr(ns, key)
+        for key in ("bits", "group_size", "calib_samples", "act_order", "alpha")
+    }
+    method = quant_method(ns.method, **{k: v for k, v in options.items() if v is not None})
+    loaded = load_model(ns.model, torch.float32, method)
+    out = save_quantized(loaded, method, Path(ns.out_dir))
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
