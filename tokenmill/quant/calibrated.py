@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from tokenmill.quant.calibration import token_windows
-from tokenmill.quant.method import QuantMethod, WeightSource
+from tokenmill.quant.method import QuantMethod
+from tokenmill.quant.weight_source import WeightSource
 
 DEFAULT_CALIB_SAMPLES = 64
 DEFAULT_CALIB_SEQ_LEN = 512
