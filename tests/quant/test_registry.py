@@ -29,7 +29,7 @@ GREEDY_PROMPTS = [
 ]
 # int4 and gguf products round activations to 8 bits, so a last-bit difference between native
 # and torch arithmetic can move an activation across a rounding step: the two runs' logprobs
-# differ by hundredths of a nat (0.036 at the first token of GREEDY_PROMPTS[0] on a Zen 4; int8
+# differ by hundredths of a nat (0.036 at the first token of GREEDY_PROMPTS[0] on one machine; int8
 # weights, whose activations keep 16 bits, 0.0001). A greedy token may flip only where the native
 # run had the two tokens this close (the flip measured there: 0.0033 apart).
 NATIVE_NEAR_TIE_NATS = 0.05

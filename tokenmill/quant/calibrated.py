@@ -2,7 +2,7 @@
 load the float weights, cut calibration windows from the built-in text, let the method rewrite
 the model; and what the two that end in group-wise int4 (GPTQ, AWQ) share on top of it.
 
-Calibrating at load time takes minutes on a CPU (docs/quantization.md has the measured times);
+Calibrating at load time is slow on a CPU (docs/quantization.md has the measured times);
 the usual path is to run `tokenmill quantize` once and load the checkpoint it writes, which is
 a plain copy of packed tensors.
 """

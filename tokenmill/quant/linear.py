@@ -129,8 +129,8 @@ class PanelQuantLinear(QuantLinear):
 
 
 def prepare_quant_linears(model: nn.Module) -> None:
-    """`QuantLinear.prepare` on every quantized layer of the model: packing SmolLM2's Q8_0 LM
-    head alone took ~150 ms, which the first request's TTFT used to show."""
+    """`QuantLinear.prepare` on every quantized layer of the model, so the first request does
+    not pay for packing the panels (a large LM head's most of all) in its time to first token."""
     for module in model.modules():
         if isinstance(module, QuantLinear):
             module.prepare()
