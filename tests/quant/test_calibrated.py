@@ -13,16 +13,16 @@ from torch.nn import functional as F
 
 from tokenmill import cli
 from tokenmill.loader.model_loader import LoadedModel, load_model
+from tokenmill.loader.quantized_checkpoint import save_quantized
 from tokenmill.model.attention import AttentionMetadata
 from tokenmill.quant import awq
-from tokenmill.quant.checkpoint import save_quantized
 from tokenmill.quant.groupwise import CALIBRATED_GROUP_SIZE
 from tokenmill.quant.int4 import Int4Linear
-from tokenmill.quant.method import WeightSource
 from tokenmill.quant.registry import quant_method
 from tokenmill.quant.smoothquant import SmoothQuantLinear
+from tokenmill.quant.weight_source import WeightSource
 
-# Enough to show each method working in seconds; the defaults (64 x 512 tokens) do better.
+# Enough to show each method working, and quickly; the defaults (64 x 512 tokens) do better.
 SMALL_CALIBRATION = {"calib_samples": 4, "calib_seq_len": 128}
 METHODS = {
     "gptq": {"act_order": True},

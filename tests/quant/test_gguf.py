@@ -12,11 +12,11 @@ from gguf import GGMLQuantizationType, quants
 
 from tokenmill.kernels import ops
 from tokenmill.loader.gguf_file import GGUFFile
-from tokenmill.loader.gguf_model import gguf_model_config
+from tokenmill.loader.gguf_model import GGUFModelBlocks, gguf_model_config
 from tokenmill.quant.gguf import GGUFMethod, plan_gguf_linears, repack_blocks
 from tokenmill.quant.int4 import Int4Linear
 from tokenmill.quant.int8 import Int8Linear
-from tokenmill.quant.method import WeightSource
+from tokenmill.quant.weight_source import WeightSource
 
 Q = GGMLQuantizationType
 
@@ -71,7 +71,8 @@ def test_types_without_a_kernel_stay_float(smollm_path: Path, smollm) -> None:
         dataclasses.replace(i, qtype=Q.Q6_K) if i.name == "blk.0.attn_k.weight" else i
         for i in gguf.tensor_infos
     ]
-    plan = plan_gguf_linears(gguf, gguf_model_config(gguf), smollm.model)
+    config = gguf_model_config(gguf)
+    plan = plan_gguf_linears(GGUFModelBlocks(gguf, config, torch.float32), config, smollm.model)
     assert "layers.0.self_attn.qkv_proj" not in plan  # q and v are Q4_1, k is not: all float
     assert plan["layers.1.self_attn.qkv_proj"] == {"kind": "int4", "group_size": 32}
 

@@ -13,7 +13,7 @@ from tokenmill.kernels import ops
 from tokenmill.loader.model_loader import LoadedModel
 from tokenmill.model.attention import AttentionMetadata
 from tokenmill.quant.linear import QuantLinear
-from tokenmill.quant.registry import check_quantization, quant_method
+from tokenmill.quant.registry import check_quantization, quant_method, quantization_choices
 from tokenmill.sampling.params import SamplingParams
 
 from ..engine.test_kv_cache_dtype import count_near_tie_flips
@@ -29,7 +29,7 @@ GREEDY_PROMPTS = [
 ]
 # int4 and gguf products round activations to 8 bits, so a last-bit difference between native
 # and torch arithmetic can move an activation across a rounding step: the two runs' logprobs
-# differ by hundredths of a nat (0.036 at the first token of GREEDY_PROMPTS[0] on a Zen 4; int8
+# differ by hundredths of a nat (0.036 at the first token of GREEDY_PROMPTS[0] on one machine; int8
 # weights, whose activations keep 16 bits, 0.0001). A greedy token may flip only where the native
 # run had the two tokens this close (the flip measured there: 0.0033 apart).
 NATIVE_NEAR_TIE_NATS = 0.05
@@ -110,3 +110,12 @@ def test_bad_method_options_are_refused() -> None:
         quant_method("int4", bits=8)
     with pytest.raises(ValueError, match="'gguf' takes no option group_size"):
         quant_method("gguf", group_size=32)
+
+
+# The names tokenmill.config checks `EngineArgs.quantization` against without importing quant
+# (config imports nothing of tokenmill): config's tuple must stay the registry's names.
+CONFIG_QUANTIZATION_METHODS = ("none", "int8", "int4", "gguf", "gptq", "awq", "smoothquant", "fp8")
+
+
+def test_registry_names_are_the_ones_config_checks() -> None:
+    assert quantization_choices() == CONFIG_QUANTIZATION_METHODS

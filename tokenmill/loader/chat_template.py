@@ -84,7 +84,7 @@ def render_chat_template(
 
 @functools.lru_cache(maxsize=16)
 def _compile(template: str) -> jinja2.Template:
-    """Compiling costs milliseconds and every request of a model renders the same template."""
+    """Compiling is costly and every request of a model renders the same template."""
     environment = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
     )

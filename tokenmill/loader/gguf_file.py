@@ -1,7 +1,7 @@
 """Read a GGUF file: its metadata as plain Python values and its tensors as torch tensors.
 
 The header is parsed here with one memory map rather than with `gguf.GGUFReader`, which builds a
-numpy view per array element and takes seconds on a 262k-token vocabulary; the `gguf` package
+numpy view per array element, slow on a 262k-token vocabulary; the `gguf` package
 still supplies the type tables, and tokenmill.loader.dequant unpacks the blocks in torch. A
 missing, truncated or foreign file becomes a `ModelLoadError` naming the path and the expectation.
 """

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import torch
 
 from tokenmill.config import ModelConfig
@@ -128,6 +129,29 @@ def gguf_weights(
             tensors = read(hf_name, info)
         for name, tensor in tensors.items():
             yield name, _fix_rows(tensor, name, info.name, arch, unpermute, config)
+
+
+class GGUFModelBlocks:
+    """The file's tensors under their Hugging Face names, as stored or dequantized to the model's
+    dtype: what quantization="gguf" reads (tokenmill.quant.weight_source.GGUFBlocks)."""
+
+    def __init__(self, gguf: GGUFFile, config: ModelConfig, dtype: torch.dtype) -> None:
+        self.gguf = gguf
+        self.config = config
+        self.dtype = dtype
+
+    def tensors(self) -> Iterator[tuple[str, TensorInfo]]:
+        for info in self.gguf.tensor_infos:
+            yield hf_tensor_name(info.name, self.gguf.architecture), info
+
+    def raw_bytes(self, tensor: TensorInfo) -> np.ndarray:
+        return self.gguf.raw_bytes(tensor)
+
+    def dequantize(self, tensor: TensorInfo) -> torch.Tensor:
+        return self.gguf.dequantize(tensor).to(self.dtype)
+
+    def weights(self, read: TensorReader | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        return gguf_weights(self.gguf, self.config, self.dtype, read)
 
 
 def _fix_rows(

@@ -10,14 +10,15 @@ from torch import nn
 
 from tokenmill.config import ModelConfig
 from tokenmill.loader.gguf_file import GGUFFile
-from tokenmill.loader.gguf_model import gguf_model_config, gguf_weights
+from tokenmill.loader.gguf_model import GGUFModelBlocks, gguf_model_config
 from tokenmill.loader.hf_dir import hf_model_config, hf_weights
+from tokenmill.loader.quantized_checkpoint import saved_quantization
 from tokenmill.loader.resolve import resolve_model
 from tokenmill.loader.tokenizer import Tokenizer
 from tokenmill.model.registry import build_model
-from tokenmill.quant.checkpoint import saved_quantization
-from tokenmill.quant.method import QuantMethod, WeightSource
+from tokenmill.quant.method import QuantMethod
 from tokenmill.quant.registry import load_model_weights
+from tokenmill.quant.weight_source import WeightSource
 
 
 @dataclass
@@ -36,7 +37,7 @@ def load_model(
     """`quantization` names a method of tokenmill.quant.registry (or is one, configured); a
     checkpoint `tokenmill quantize` wrote loads as it was saved."""
     path = resolve_model(model)
-    gguf, saved = None, None
+    blocks, saved = None, None
     if path.is_dir():
         config = hf_model_config(path)
         tokenizer = Tokenizer.from_pretrained_dir(path)
@@ -46,10 +47,11 @@ def load_model(
         gguf = GGUFFile(path)
         config = gguf_model_config(gguf)
         tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata)
-        weights = gguf_weights(gguf, config, dtype)
+        blocks = GGUFModelBlocks(gguf, config, dtype)
+        weights = blocks.weights()
     with torch.device("meta"):
         module = build_model(config)
     module = module.to_empty(device="cpu").to(dtype)
-    source = WeightSource(config, dtype, weights, gguf, saved, tokenizer)
+    source = WeightSource(config, dtype, weights, blocks, saved, tokenizer)
     load_model_weights(module, quantization, source)
     return LoadedModel(path, config, module.eval(), tokenizer)

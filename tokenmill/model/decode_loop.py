@@ -1,17 +1,18 @@
 """The native decode loop: a decode step's decoder layers run in one C++ call.
 
-At batch 1 the kernels of a SmolLM2 decode step take about 10 ms, and driving them from Python
-(module calls, dispatch checks, views: a dozen calls a layer, 30 layers) added 4 to 8 ms more.
-`NativeDecodeLoop` hands the same kernels, the same weights and the same call order to
-csrc/decode_loop.cpp, so the hidden states are bit-identical to the Python layers' and only the
-host overhead goes, as CUDA graphs take it away on GPUs. It covers what the native kernels cover:
-Llama-family and Gemma 3 models whose linears are float32, fp8, int8 or int4 (GGUF, GPTQ, AWQ),
-or bfloat16 on AMX tiles or AVX512-BF16, over a KV cache in the model dtype or int8 / fp8, with
-Gemma's extra norms, sliding windows and tanh-GELU done the Python layers' way; and steps whose
-tokens all attend to cached context (decodes and short speculative chunks), as many as its
-kernels take (32 with plain float32 or fp8 weights, 64 with int8 / int4, 256 with packed float32
-or bfloat16). Anything else runs layer by layer in Python; `decode_loop="python"` is the
-baseline it is measured against.
+Driving a decode step's kernels from Python (module calls, dispatch checks, views: a dozen calls
+a layer, every layer) adds host time that is a large share of a small batch's step
+(docs/benchmarks.md has the figures). `NativeDecodeLoop` hands the same kernels, the same
+weights and the same call order to csrc/decode_loop.cpp, so the hidden states are bit-identical
+to the Python layers' and only the host overhead goes, as CUDA graphs take it away on GPUs.
+
+It covers what the native kernels cover: Llama-family and Gemma 3 models whose linears are
+float32, fp8, int8 or int4 (GGUF, GPTQ, AWQ), or bfloat16 on AMX tiles or AVX512-BF16, over a KV
+cache in the model dtype or int8 / fp8, with Gemma's extra norms, sliding windows and tanh-GELU
+done the Python layers' way; and steps whose tokens all attend to cached context (decodes and
+short speculative chunks), as many as its kernels take (32 with plain float32 or fp8 weights, 64
+with int8 / int4, 256 with packed float32 or bfloat16). Anything else runs layer by layer in
+Python; `decode_loop="python"` is the baseline it is measured against.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Gemma 3 (text) in plain PyTorch: the Llama skeleton with Gemma's differences.
+"""Gemma 3 (text) in plain PyTorch: the `CausalLM` skeleton with Gemma's differences.
 
 What differs from Llama: token embeddings are scaled by sqrt(hidden_size); each layer also
 normalises its attention and MLP outputs (four RMSNorms a layer) and each head's queries and keys;
@@ -19,29 +19,18 @@ from torch import nn
 
 from tokenmill.config import ModelConfig
 from tokenmill.model.attention import AttentionMetadata, attention
-from tokenmill.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding
-from tokenmill.model.weights import load_hf_weights
+from tokenmill.model.causal_lm import CausalLM, DecoderAttention
+from tokenmill.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
 
 SLIDING = "sliding_attention"
 
 
-class Gemma3Attention(nn.Module):
+class Gemma3Attention(DecoderAttention):
     def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, window: int | None) -> None:
-        super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = config.head_dim
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
+        super().__init__(config, rotary, (config.query_pre_attn_scalar or config.head_dim) ** -0.5)
         self.window = window
-        self.qkv_proj = Linear(
-            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
-        )
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.rotary = rotary
 
     def forward(
         self,
@@ -88,10 +77,8 @@ class Gemma3DecoderLayer(nn.Module):
         return self.post_feedforward_layernorm(hidden)[0], residual
 
 
-class Gemma3ForCausalLM(nn.Module):
+class Gemma3ForCausalLM(CausalLM):
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.config = config
         layer_types = config.layer_types or ("full_attention",) * config.num_hidden_layers
         if len(layer_types) != config.num_hidden_layers:
             raise ValueError(
@@ -105,51 +92,24 @@ class Gemma3ForCausalLM(nn.Module):
             config.max_position_embeddings,
             config.rope_local_base_freq or config.rope_theta,
         )
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.embed_scale = config.hidden_size**0.5
-        self.layers = nn.ModuleList(
-            Gemma3DecoderLayer(config, local, config.sliding_window)
-            if kind == SLIDING
-            else Gemma3DecoderLayer(config, full, None)
-            for kind in layer_types
+        super().__init__(
+            config,
+            (
+                Gemma3DecoderLayer(config, local, config.sliding_window)
+                if kind == SLIDING
+                else Gemma3DecoderLayer(config, full, None)
+                for kind in layer_types
+            ),
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights()
-
-    def tie_weights(self) -> None:
-        # A quantized head (a QuantLinear put in at load time) keeps its own packed copy.
-        if self.config.tie_word_embeddings and isinstance(self.lm_head, Linear):
-            self.lm_head.weight = self.embed_tokens.weight
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[torch.Tensor] | None,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        """Final hidden states `[num_tokens, hidden]`; the caller picks which rows to project."""
-        hidden = self.embed(input_ids)
-        residual = None
-        for i, layer in enumerate(self.layers):
-            kv_cache = None if kv_caches is None else kv_caches[i]
-            hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
-        return self.norm(hidden, residual)[0]
+        self.embed_scale = config.hidden_size**0.5
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         embeds = self.embed_tokens(input_ids)
         # Scaled in the embedding's dtype, as Gemma was trained (sqrt(640) rounds in bf16).
         return embeds * torch.tensor(self.embed_scale, dtype=embeds.dtype)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """In the LM head's dtype: greedy sampling takes a bfloat16 row's argmax as it is, and
-        whatever computes with logits widens them (tokenmill/sampling/sampler.py)."""
-        return self.lm_head(hidden)
-
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.tie_weights()
-        load_hf_weights(self, self.config, _unit_offset_norms(weights))
+        super().load_weights(_unit_offset_norms(weights))
 
 
 def _unit_offset_norms(

@@ -20,29 +20,20 @@ will really see (the reference passes float outputs on; this measured better on 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
 
-from tokenmill.quant.calibrated import (
-    DEFAULT_CALIB_SAMPLES,
-    DEFAULT_CALIB_SEQ_LEN,
-    CalibratedMethod,
-)
+from tokenmill.quant.calibrated import CalibratedInt4Method
 from tokenmill.quant.gptq import HessianAccumulator
 from tokenmill.quant.groupwise import (
-    CALIBRATED_GROUP_SIZE,
     Int4Codes,
     grouped,
     output_error,
     quantize_clipped,
-    quantize_lm_head_like_int4,
     search_clip,
 )
 from tokenmill.quant.layerwise import LAYER_LINEARS, LayerInputs, replace_module
-from tokenmill.quant.linear import check_group_size
-from tokenmill.quant.method import check_bits
 from tokenmill.quant.smoothing import llama_migrations
 
 SCALE_GRID = 20
@@ -136,26 +127,11 @@ def awq_model(model: nn.Module, samples: torch.Tensor, group_size: int) -> None:
         inputs.advance(layer)
 
 
-class AWQMethod(CalibratedMethod):
+class AWQMethod(CalibratedInt4Method):
     """Every decoder-layer linear AWQ-scaled, clipped and rounded to int4 at load time; the LM
     head as the int4 method keeps it."""
 
     name = "awq"
 
-    def __init__(
-        self,
-        group_size: int = CALIBRATED_GROUP_SIZE,
-        bits: int = 4,
-        calib_samples: int = DEFAULT_CALIB_SAMPLES,
-        calib_seq_len: int = DEFAULT_CALIB_SEQ_LEN,
-    ) -> None:
-        super().__init__(calib_samples, calib_seq_len)
-        check_bits(self.name, bits, (4,))
-        self.group_size = check_group_size(group_size)
-
-    def calibrate(self, model: nn.Module, samples: torch.Tensor) -> None:
+    def quantize_layers(self, model: nn.Module, samples: torch.Tensor) -> None:
         awq_model(model, samples, self.group_size)
-        quantize_lm_head_like_int4(model)
-
-    def options(self) -> dict[str, Any]:
-        return {"bits": 4, "group_size": self.group_size, **super().options()}

@@ -17,7 +17,7 @@ from typing import Literal
 
 import torch
 
-from tokenmill.loader.tokenizer import Tokenizer
+from tokenmill.quant.weight_source import TextEncoder
 
 HELD_OUT_EVERY = 5
 PARAGRAPH = "\n\n"
@@ -54,7 +54,7 @@ def text_fingerprint(text: str) -> str:
 
 
 def token_windows(
-    tokenizer: Tokenizer, split: Split, num_samples: int, seq_len: int
+    tokenizer: TextEncoder, split: Split, num_samples: int, seq_len: int
 ) -> torch.Tensor:
     """`[num_samples, seq_len]` token ids: non-overlapping windows spread evenly over the split
     (the same windows on every run), so a few samples still cover many topics."""

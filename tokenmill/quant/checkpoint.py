@@ -1,65 +1,61 @@
-"""Quantized checkpoints: what `tokenmill quantize` writes and tokenmill loads back directly.
+"""A checkpoint `tokenmill quantize` wrote, as quantization sees it: the record of how it was
+quantized, and loading its already packed layers.
 
-A Hugging Face-style directory (config.json, model.safetensors, tokenizer files) whose
-config.json adds `quantization_config`: {"producer": "tokenmill", "quant_method": ...,
-method options, "modules": {layer name: format}}. Tensors keep the model's own names (merged
-q/k/v and gate/up) and the kernels' packed layouts, so loading is a plain copy; other tools
-cannot run these files, and tokenmill refuses other tools' quantized checkpoints.
+The record, {"producer": "tokenmill", "quant_method": ..., method options, "modules": {layer
+name: format}}, sits in the checkpoint's config.json; tokenmill.loader.quantized_checkpoint
+reads and writes the files. Tensors keep the model's own names (merged q/k/v and gate/up) and
+the kernels' packed layouts, so loading is a plain copy.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
 from torch import nn
 
-from tokenmill.loader.errors import ModelLoadError
-from tokenmill.loader.hf_dir import read_json, write_hf_dir
-from tokenmill.quant.linear import quant_linear_formats
+from tokenmill.model.layers import Linear
+from tokenmill.quant.linear import empty_quant_linear, quant_linear_formats, replace_linears
 from tokenmill.quant.method import QuantMethod
-
-if TYPE_CHECKING:
-    from tokenmill.loader.model_loader import LoadedModel
+from tokenmill.quant.weight_source import WeightSource
 
 PRODUCER = "tokenmill"
-CONFIG_KEY = "quantization_config"
 
 
-def save_quantized(loaded: LoadedModel, method: QuantMethod, out_dir: Path) -> Path:
-    """Write `loaded` (quantized by `method` at load time) as a directory tokenmill loads."""
-    write_hf_dir(out_dir, loaded.config, _model_tensors(loaded.model))
-    config_path = out_dir / "config.json"
-    raw = read_json(config_path)
-    raw[CONFIG_KEY] = {
+def quantization_record(method: QuantMethod, model: nn.Module) -> dict[str, Any]:
+    """The record of `model`, quantized by `method`, that loads it back as it is."""
+    return {
         "producer": PRODUCER,
         "quant_method": method.name,
         **method.options(),
-        "modules": quant_linear_formats(loaded.model),
+        "modules": quant_linear_formats(model),
     }
-    config_path.write_text(json.dumps(raw, indent=2), encoding="utf-8")
-    loaded.tokenizer.save_pretrained(out_dir)
-    return out_dir
 
 
-def saved_quantization(model_dir: Path) -> dict[str, Any] | None:
-    """The quantization a model directory was saved with, or None for a float checkpoint."""
-    saved = read_json(model_dir / "config.json").get(CONFIG_KEY)
-    if saved is None:
-        return None
-    if not isinstance(saved, dict) or saved.get("producer") != PRODUCER:
-        method = saved.get("quant_method", "?") if isinstance(saved, dict) else "?"
-        raise ModelLoadError(
-            f"{model_dir}: quantized by another tool ({method!r}) in a layout tokenmill cannot "
-            "run; load the unquantized model with --quantization instead"
+def is_own_record(saved: object) -> bool:
+    """Whether `saved` (a checkpoint's quantization config) is a record tokenmill wrote: other
+    tools' quantized layouts are not ones tokenmill's kernels run."""
+    return isinstance(saved, dict) and saved.get("producer") == PRODUCER
+
+
+class SavedQuantization(QuantMethod):
+    """A checkpoint `tokenmill quantize` wrote: its layers are already packed, so empty
+    QuantLinears of the recorded formats go in first and the tensors load straight into them."""
+
+    def __init__(self, saved: dict[str, Any]) -> None:
+        self.name = saved["quant_method"]
+        self.formats: dict[str, dict[str, Any]] = saved["modules"]
+
+    def load(self, model: nn.Module, source: WeightSource) -> None:
+        linears = {name for name, m in model.named_modules() if isinstance(m, Linear)}
+        unknown = sorted(set(self.formats) - linears)
+        if unknown:
+            raise ValueError(
+                f"quantized checkpoint names layers the model lacks: {', '.join(unknown[:4])}"
+            )
+        replace_linears(
+            model,
+            lambda name, linear: (
+                empty_quant_linear(self.formats[name], linear) if name in self.formats else None
+            ),
         )
-    return saved
-
-
-def _model_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """The model's parameters under Hugging Face-style names (`model.` prefix but the head)."""
-    for name, param in model.named_parameters():
-        yield (name if name.startswith("lm_head.") else f"model.{name}"), param.detach()
+        model.load_weights(source.weights)

@@ -22,13 +22,12 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from tokenmill.config import ModelConfig
-from tokenmill.loader.gguf_file import GGUFFile, TensorInfo
-from tokenmill.loader.gguf_model import TensorReader, gguf_weights, hf_tensor_name
 from tokenmill.model.layers import Linear
 from tokenmill.model.weights import checkpoint_target
 from tokenmill.quant.int4 import pack_int4
 from tokenmill.quant.linear import LM_HEAD, empty_quant_linear, replace_linears
-from tokenmill.quant.method import QuantMethod, WeightSource
+from tokenmill.quant.method import QuantMethod
+from tokenmill.quant.weight_source import GGUFBlocks, GGUFTensor, GGUFTensorReader, WeightSource
 
 GGUF_BLOCK = 32
 _FORMATS: dict[GGMLQuantizationType, dict[str, Any]] = {
@@ -53,22 +52,21 @@ class GGUFMethod(QuantMethod):
             model,
             lambda name, linear: empty_quant_linear(plan[name], linear) if name in plan else None,
         )
-        read = packed_tensor_reader(source.gguf, source.config, source.dtype, plan)
-        model.load_weights(gguf_weights(source.gguf, source.config, source.dtype, read))
+        read = packed_tensor_reader(source.gguf, source.config, plan)
+        model.load_weights(source.gguf.weights(read))
 
 
 def plan_gguf_linears(
-    gguf: GGUFFile, config: ModelConfig, model: nn.Module
+    gguf: GGUFBlocks, config: ModelConfig, model: nn.Module
 ) -> dict[str, dict[str, Any]]:
     """Module name -> kernel format, for each float linear whose source tensors (all parts of a
     merged one) share a block type the kernels read."""
     sources: dict[str, set[GGMLQuantizationType]] = defaultdict(set)
-    for info in gguf.tensor_infos:
-        hf_name = hf_tensor_name(info.name, gguf.architecture)
+    for hf_name, tensor in gguf.tensors():
         target, _ = checkpoint_target(config, hf_name)
-        sources[target.removesuffix(".weight")].add(info.qtype)
+        sources[target.removesuffix(".weight")].add(tensor.qtype)
         if hf_name == EMBEDDING and config.tie_word_embeddings:
-            sources[LM_HEAD].add(info.qtype)
+            sources[LM_HEAD].add(tensor.qtype)
     plan = {}
     for name, module in model.named_modules():
         kinds = {_FORMATS[t]["kind"] if t in _FORMATS else None for t in sources.get(name, ())}
@@ -78,22 +76,22 @@ def plan_gguf_linears(
 
 
 def packed_tensor_reader(
-    gguf: GGUFFile, config: ModelConfig, dtype: torch.dtype, plan: dict[str, dict[str, Any]]
-) -> TensorReader:
-    """For `gguf_weights`: repacked blocks for the planned linears, dequantized tensors else."""
+    gguf: GGUFBlocks, config: ModelConfig, plan: dict[str, dict[str, Any]]
+) -> GGUFTensorReader:
+    """For `gguf.weights`: repacked blocks for the planned linears, dequantized tensors else."""
 
-    def packed(info: TensorInfo, prefix: str) -> dict[str, torch.Tensor]:
-        tensors = repack_blocks(gguf.raw_bytes(info), info.qtype, info.shape)
-        return {prefix + name: tensor for name, tensor in tensors.items()}
+    def packed(tensor: GGUFTensor, prefix: str) -> dict[str, torch.Tensor]:
+        tensors = repack_blocks(gguf.raw_bytes(tensor), tensor.qtype, tensor.shape)
+        return {prefix + name: packed for name, packed in tensors.items()}
 
-    def read(hf_name: str, info: TensorInfo) -> dict[str, torch.Tensor]:
+    def read(hf_name: str, tensor: GGUFTensor) -> dict[str, torch.Tensor]:
         target, _ = checkpoint_target(config, hf_name)
         if target.endswith(".weight") and target.removesuffix(".weight") in plan:
-            tensors = packed(info, hf_name.removesuffix("weight"))
+            tensors = packed(tensor, hf_name.removesuffix("weight"))
         else:
-            tensors = {hf_name: gguf.dequantize(info).to(dtype)}
+            tensors = {hf_name: gguf.dequantize(tensor)}
         if hf_name == EMBEDDING and config.tie_word_embeddings and LM_HEAD in plan:
-            tensors.update(packed(info, f"{LM_HEAD}."))
+            tensors.update(packed(tensor, f"{LM_HEAD}."))
         return tensors
 
     return read

@@ -26,18 +26,15 @@ from torch import nn
 from tokenmill.quant.calibrated import (
     DEFAULT_CALIB_SAMPLES,
     DEFAULT_CALIB_SEQ_LEN,
-    CalibratedMethod,
+    CalibratedInt4Method,
 )
 from tokenmill.quant.groupwise import (
     CALIBRATED_GROUP_SIZE,
     Int4Codes,
     fit_clipped_groups,
-    quantize_lm_head_like_int4,
 )
 from tokenmill.quant.int4 import INT4_MAX
 from tokenmill.quant.layerwise import LAYER_LINEARS, LayerInputs, replace_module
-from tokenmill.quant.linear import check_group_size
-from tokenmill.quant.method import check_bits
 
 DEFAULT_DAMP_PERCENT = 0.01
 
@@ -169,7 +166,7 @@ def gptq_model(
         inputs.advance(layer)
 
 
-class GPTQMethod(CalibratedMethod):
+class GPTQMethod(CalibratedInt4Method):
     """Every decoder-layer linear GPTQ-rounded to group-wise int4 at load time; the LM head as
     the int4 method keeps it."""
 
@@ -184,23 +181,14 @@ class GPTQMethod(CalibratedMethod):
         calib_samples: int = DEFAULT_CALIB_SAMPLES,
         calib_seq_len: int = DEFAULT_CALIB_SEQ_LEN,
     ) -> None:
-        super().__init__(calib_samples, calib_seq_len)
-        check_bits(self.name, bits, (4,))
-        self.group_size = check_group_size(group_size)
+        super().__init__(group_size, bits, calib_samples, calib_seq_len)
         if not isinstance(act_order, bool):
             raise ValueError(f"act_order must be True or False, got {act_order!r}")
         self.act_order = act_order
         self.damp_percent = check_damp_percent(damp_percent)
 
-    def calibrate(self, model: nn.Module, samples: torch.Tensor) -> None:
+    def quantize_layers(self, model: nn.Module, samples: torch.Tensor) -> None:
         gptq_model(model, samples, self.group_size, self.act_order, self.damp_percent)
-        quantize_lm_head_like_int4(model)
 
-    def options(self) -> dict[str, Any]:
-        return {
-            "bits": 4,
-            "group_size": self.group_size,
-            "act_order": self.act_order,
-            "damp_percent": self.damp_percent,
-            **super().options(),
-        }
+    def search_options(self) -> dict[str, Any]:
+        return {"act_order": self.act_order, "damp_percent": self.damp_percent}

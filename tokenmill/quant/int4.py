@@ -21,7 +21,7 @@ from tokenmill.quant.linear import (
     LM_HEAD,
     QUANT_BLOCK,
     QUANTIZE_CHUNK_ROWS,
-    PanelCache,
+    PanelQuantLinear,
     QuantLinear,
     check_group_size,
     frozen,
@@ -41,7 +41,7 @@ def int4_row_bytes(in_features: int) -> int:
 
 
 @register_quant_linear
-class Int4Linear(QuantLinear):
+class Int4Linear(PanelQuantLinear):
     kind = "int4"
 
     def __init__(
@@ -58,7 +58,6 @@ class Int4Linear(QuantLinear):
         self.qweight = frozen(torch.zeros(out_features, row_bytes, dtype=torch.uint8))
         self.scales = frozen(torch.zeros(out_features, groups, dtype=torch.float16))
         self.mins = frozen(torch.zeros(out_features, groups, dtype=torch.float16))
-        self._panels = PanelCache()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.int4_linear(
@@ -71,9 +70,6 @@ class Int4Linear(QuantLinear):
             lambda: ops.pack_int4_panels(self.qweight, self.scales, self.mins, self.in_features),
         )
 
-    def prepare(self) -> None:
-        self.panels()
-
     def native_kernel(self) -> object | None:
         return ops.int4_linear_kernel(self.panels(), self.group_size, self.bias)
 
@@ -81,9 +77,6 @@ class Int4Linear(QuantLinear):
         return ops.dequantize_int4(
             self.qweight, self.scales, self.mins, self.group_size, self.in_features
         )
-
-    def format(self) -> dict[str, Any]:
-        return {"kind": self.kind, "group_size": self.group_size}
 
     @classmethod
     def from_codes(

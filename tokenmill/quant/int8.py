@@ -16,8 +16,7 @@ from tokenmill.model.layers import Linear
 from tokenmill.quant.linear import (
     QUANT_BLOCK,
     QUANTIZE_CHUNK_ROWS,
-    PanelCache,
-    QuantLinear,
+    PanelQuantLinear,
     check_group_size,
     frozen,
     num_groups,
@@ -34,7 +33,7 @@ def int8_row_bytes(in_features: int) -> int:
 
 
 @register_quant_linear
-class Int8Linear(QuantLinear):
+class Int8Linear(PanelQuantLinear):
     kind = "int8"
 
     def __init__(
@@ -49,7 +48,6 @@ class Int8Linear(QuantLinear):
         groups = num_groups(in_features, self.kernel_group_size)
         self.qweight = frozen(torch.zeros(out_features, row_bytes, dtype=torch.int8))
         self.scales = frozen(torch.zeros(out_features, groups, dtype=scale_dtype))
-        self._panels = PanelCache()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.int8_linear(
@@ -61,9 +59,6 @@ class Int8Linear(QuantLinear):
             (self.qweight, self.scales), lambda: ops.pack_int8_panels(self.qweight, self.scales)
         )
 
-    def prepare(self) -> None:
-        self.panels()
-
     def native_kernel(self) -> object | None:
         return ops.int8_linear_kernel(self.panels(), self.kernel_group_size, self.bias)
 
@@ -71,9 +66,6 @@ class Int8Linear(QuantLinear):
         return ops.dequantize_int8(
             self.qweight, self.scales, self.kernel_group_size, self.in_features
         )
-
-    def format(self) -> dict[str, Any]:
-        return {"kind": self.kind, "group_size": self.group_size}
 
     @classmethod
     def from_float(

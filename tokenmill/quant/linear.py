@@ -107,9 +107,30 @@ class PanelCache:
         return self._panels
 
 
+class PanelQuantLinear(QuantLinear):
+    """A format stored in groups of `group_size` inputs whose native kernels read panels made
+    from its row-major tensors (int8, int4); `prepare` makes them."""
+
+    group_size: int | None
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__(in_features, out_features, bias)
+        self._panels = PanelCache()
+
+    @abstractmethod
+    def panels(self) -> ops.QuantPanels | None:
+        """The layer's panels, made or remade as `PanelCache.get` decides."""
+
+    def prepare(self) -> None:
+        self.panels()
+
+    def format(self) -> dict[str, Any]:
+        return {"kind": self.kind, "group_size": self.group_size}
+
+
 def prepare_quant_linears(model: nn.Module) -> None:
-    """`QuantLinear.prepare` on every quantized layer of the model: packing SmolLM2's Q8_0 LM
-    head alone took ~150 ms, which the first request's TTFT used to show."""
+    """`QuantLinear.prepare` on every quantized layer of the model, so the first request does
+    not pay for packing the panels (a large LM head's most of all) in its time to first token."""
     for module in model.modules():
         if isinstance(module, QuantLinear):
             module.prepare()

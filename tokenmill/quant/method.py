@@ -10,30 +10,13 @@ blocks, a saved checkpoint) install empty QuantLinears before loading into them.
 from __future__ import annotations
 
 from abc import ABC
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
 from torch import nn
 
-from tokenmill.config import ModelConfig
-from tokenmill.loader.gguf_file import GGUFFile
-from tokenmill.loader.tokenizer import Tokenizer
 from tokenmill.model.layers import Linear
-from tokenmill.quant.linear import empty_quant_linear, replace_linears
-
-
-@dataclass
-class WeightSource:
-    """A model's weights as the loader found them."""
-
-    config: ModelConfig
-    dtype: torch.dtype
-    weights: Iterator[tuple[str, torch.Tensor]]  # Hugging Face names, float, read lazily
-    gguf: GGUFFile | None = None  # the file, when the model is one
-    saved_quantization: dict[str, Any] | None = None  # a tokenmill checkpoint's own config
-    tokenizer: Tokenizer | None = None  # for methods that calibrate on text (GPTQ, AWQ, ...)
+from tokenmill.quant.linear import replace_linears
+from tokenmill.quant.weight_source import WeightSource
 
 
 class QuantMethod(ABC):
@@ -66,28 +49,4 @@ class NoQuantization(QuantMethod):
     name = "none"
 
     def load(self, model: nn.Module, source: WeightSource) -> None:
-        model.load_weights(source.weights)
-
-
-class SavedQuantization(QuantMethod):
-    """A checkpoint `tokenmill quantize` wrote: its layers are already packed, so empty
-    QuantLinears of the recorded formats go in first and the tensors load straight into them."""
-
-    def __init__(self, saved: dict[str, Any]) -> None:
-        self.name = saved["quant_method"]
-        self.formats: dict[str, dict[str, Any]] = saved["modules"]
-
-    def load(self, model: nn.Module, source: WeightSource) -> None:
-        linears = {name for name, m in model.named_modules() if isinstance(m, Linear)}
-        unknown = sorted(set(self.formats) - linears)
-        if unknown:
-            raise ValueError(
-                f"quantized checkpoint names layers the model lacks: {', '.join(unknown[:4])}"
-            )
-        replace_linears(
-            model,
-            lambda name, linear: (
-                empty_quant_linear(self.formats[name], linear) if name in self.formats else None
-            ),
-        )
         model.load_weights(source.weights)

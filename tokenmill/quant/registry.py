@@ -12,13 +12,15 @@ from typing import Any
 from torch import nn
 
 from tokenmill.quant.awq import AWQMethod
+from tokenmill.quant.checkpoint import SavedQuantization
 from tokenmill.quant.fp8 import Fp8Method
 from tokenmill.quant.gguf import GGUFMethod
 from tokenmill.quant.gptq import GPTQMethod
 from tokenmill.quant.int4 import Int4Method
 from tokenmill.quant.int8 import Int8Method
-from tokenmill.quant.method import NoQuantization, QuantMethod, SavedQuantization, WeightSource
+from tokenmill.quant.method import NoQuantization, QuantMethod
 from tokenmill.quant.smoothquant import SmoothQuantMethod
+from tokenmill.quant.weight_source import WeightSource
 
 NO_QUANTIZATION = NoQuantization.name
 QUANT_METHODS: dict[str, type[QuantMethod]] = {

@@ -6,12 +6,12 @@ and multiplying the weights' column j by it (folded into the norm or linear in f
 `smoothing.py`) moves part of that difficulty into the weights; alpha = 0.5 splits it evenly.
 
 Weights are then int8 per output channel, activations int8 per token, quantized on every call,
-and the product is one oneDNN int8
-GEMM (`torch.ops.onednn.qlinear_pointwise`) whose int32 sums are rescaled to fp32.
-`torch._int_mm` is correct on CPU but runs a plain loop here, 30-100x slower than the fp32
-GEMM. The int8 GEMM pays off on wide batches (prefill, many sequences), where compute bounds
-the product; one row at a time it streams the weights well below memory bandwidth, so
-single-stream decode is slower than the `int8` method's kernel (docs/quantization.md).
+and the product is one oneDNN int8 GEMM (`torch.ops.onednn.qlinear_pointwise`) whose int32 sums
+are rescaled to fp32. `torch._int_mm` is correct on CPU but runs a plain loop here, far slower
+than the fp32 GEMM. The int8 GEMM pays off on wide batches (prefill, many sequences), where
+compute bounds the product; one row at a time it streams the weights well below memory
+bandwidth, so single-stream decode is slower than the `int8` method's kernel
+(docs/quantization.md has the figures).
 
 AVX2 has no int8 x int8 dot product: oneDNN multiplies unsigned by signed bytes and adds pairs
 of products in int16, which saturates when both sides use 8 bits. So activations take the

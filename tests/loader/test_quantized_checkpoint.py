@@ -1,4 +1,4 @@
-"""`tokenmill quantize` checkpoints reload as they were saved, and foreign ones are refused."""
+"""Quantized checkpoints reload as they were saved, and foreign ones are refused."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import torch
 from tokenmill import cli
 from tokenmill.loader.errors import ModelLoadError
 from tokenmill.loader.model_loader import LoadedModel, load_model
+from tokenmill.loader.quantized_checkpoint import save_quantized
 from tokenmill.model.attention import AttentionMetadata
-from tokenmill.quant.int4 import Int4Linear
+from tokenmill.quant.int4 import Int4Linear, Int4Method
 from tokenmill.quant.int8 import Int8Linear
 
 PROMPT = "The capital of France is"
@@ -27,17 +28,20 @@ def logits(loaded: LoadedModel, ids: list[int]) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def int4_checkpoint(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def int4_at_load(smollm_path: Path) -> LoadedModel:
+    return load_model(str(smollm_path), torch.float32, Int4Method(group_size=64))
+
+
+@pytest.fixture(scope="module")
+def int4_checkpoint(int4_at_load: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("quantized") / "smollm2-int4-g64"
-    argv = ["quantize", "--method", "int4", "--group-size", "64", str(smollm_path), str(out)]
-    assert cli.main(argv) == 0
-    return out
+    return save_quantized(int4_at_load, Int4Method(group_size=64), out)
 
 
-def test_checkpoint_reloads_to_identical_outputs(smollm_path: Path, int4_checkpoint: Path) -> None:
-    from tokenmill.quant.int4 import Int4Method
-
-    at_load = load_model(str(smollm_path), torch.float32, Int4Method(group_size=64))
+def test_checkpoint_reloads_to_identical_outputs(
+    int4_at_load: LoadedModel, int4_checkpoint: Path
+) -> None:
+    at_load = int4_at_load
     reloaded = load_model(str(int4_checkpoint))
     ids = at_load.tokenizer.encode(PROMPT)
     assert reloaded.tokenizer.encode(PROMPT) == ids
