@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tokenmill.bench.evaluate import evaluate
-from tokenmill.quant.checkpoint import save_quantized
+from tokenmill.loader.quantized_checkpoint import save_quantized
 from tokenmill.quant.registry import quant_method
 
 

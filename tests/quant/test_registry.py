@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from tokenmill.config import EngineArgs
+from tokenmill.config import QUANTIZATION_METHODS, EngineArgs
 from tokenmill.engine.engine import LLMEngine
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.kernels import ops
@@ -112,10 +112,7 @@ def test_bad_method_options_are_refused() -> None:
         quant_method("gguf", group_size=32)
 
 
-# The names tokenmill.config checks `EngineArgs.quantization` against without importing quant
-# (config imports nothing of tokenmill): config's tuple must stay the registry's names.
-CONFIG_QUANTIZATION_METHODS = ("none", "int8", "int4", "gguf", "gptq", "awq", "smoothquant", "fp8")
-
-
 def test_registry_names_are_the_ones_config_checks() -> None:
-    assert quantization_choices() == CONFIG_QUANTIZATION_METHODS
+    """config checks `EngineArgs.quantization` against its own tuple without importing quant
+    (config imports nothing of tokenmill), so the two lists must stay one."""
+    assert quantization_choices() == QUANTIZATION_METHODS

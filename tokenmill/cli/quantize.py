@@ -45,7 +45,7 @@ def run(ns: argparse.Namespace) -> int:
     import torch
 
     from tokenmill.loader.model_loader import load_model
-    from tokenmill.quant.checkpoint import save_quantized
+    from tokenmill.loader.quantized_checkpoint import save_quantized
     from tokenmill.quant.registry import quant_method
 
     options = {
