@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from torch import nn
 
@@ -17,7 +19,8 @@ def paged_cache(seed: int) -> torch.Tensor:
 def test_block_copies_copy_k_and_v_in_every_layer_and_the_drafters_cache():
     layers, drafter = [paged_cache(0), paged_cache(1)], [paged_cache(2)]
     before = [cache.clone() for cache in [*layers, *drafter]]
-    runner = ModelRunner(nn.Identity(), layers, block_size=4, drafter_kv_caches=drafter)
+    proposer = SimpleNamespace(own_kv_caches=drafter)  # a drafter with a paged KV of its own
+    runner = ModelRunner(nn.Identity(), layers, block_size=4, proposer=proposer)
     runner.execute(SchedulerOutput(block_copies=[(1, 4), (2, 5)]))
     for cache, old in zip([*layers, *drafter], before, strict=True):
         for kv in (0, 1):  # K, then V
