@@ -58,7 +58,9 @@ KV_CACHE_MODES = ("none", "contiguous", "paged")
 # "auto" keeps K/V in the model dtype; int8 / fp8 store 8-bit codes with a scale per token and
 # KV head (tokenmill/kv/quantized.py, docs/quantization.md).
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
-SCHEDULERS = ("continuous", "static")
+# How requests join batches (engine/admission.py): "continuous" at any step; "static" and
+# "dynamic" seal a batch and run it to completion (dynamic waits up to max_wait_ms to fill it).
+SCHEDULERS = ("continuous", "static", "dynamic")
 # Weight quantization methods by name (tokenmill/quant/registry.py holds their implementations).
 QUANTIZATION_METHODS = ("none", "int8", "int4", "gguf", "gptq", "awq", "smoothquant", "fp8")
 DECODE_LOOPS = ("native", "python")
@@ -114,6 +116,9 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     scheduler: str = "continuous"
+    # scheduler="dynamic": a batch closes once max_num_seqs requests wait or the oldest has
+    # waited this long.
+    max_wait_ms: float = 50.0
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
@@ -157,6 +162,12 @@ class EngineArgs:
         _one_of("kv_cache", self.kv_cache, KV_CACHE_MODES)
         _one_of("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _one_of("scheduler", self.scheduler, SCHEDULERS)
+        if (
+            not isinstance(self.max_wait_ms, int | float)
+            or isinstance(self.max_wait_ms, bool)
+            or not 0 <= self.max_wait_ms < float("inf")
+        ):
+            raise ValueError(f"max_wait_ms must be a number >= 0, got {self.max_wait_ms!r}")
         _one_of("decode_loop", self.decode_loop, DECODE_LOOPS)
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             _positive_int(name, getattr(self, name))

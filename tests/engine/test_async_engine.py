@@ -170,3 +170,25 @@ def test_shutdown_ends_streams_in_flight_and_refuses_new_requests(smollm):
 
     asyncio.run(main())
     assert blocks_in_use(engine.engine) == 0
+
+
+def test_a_dynamic_batch_that_never_fills_still_runs_after_its_wait(smollm):
+    engine = make_engine(smollm, scheduler="dynamic", max_num_seqs=8, max_wait_ms=100)
+    steps = 0
+    step = engine.step
+
+    def counting_step():
+        nonlocal steps
+        steps += 1
+        return step()
+
+    engine.step = counting_step
+
+    async def body(engine: AsyncLLMEngine) -> list[RequestOutput]:
+        streams = [await engine.add_request(str(i), p, GREEDY) for i, p in enumerate(PROMPTS)]
+        return await asyncio.gather(*(last(stream) for stream in streams))
+
+    outputs = run(AsyncLLMEngine(engine), body)
+    assert all(len(o.outputs[0].token_ids) == GREEDY.max_tokens for o in outputs)
+    # 100 ms of waiting polls about every millisecond, not flat out.
+    assert steps < 300

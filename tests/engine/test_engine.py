@@ -96,8 +96,9 @@ def test_every_kv_cache_mode_gives_the_same_greedy_tokens(smollm, alone, kv_cach
     assert tokens(run_all(engine, VARIED_PROMPTS[:4])) == alone[:4]
 
 
-def test_static_batching_gives_the_same_tokens(smollm, alone):
-    engine = make_engine(smollm, scheduler="static", max_num_seqs=4)
+@pytest.mark.parametrize("scheduler", ["static", "dynamic"])
+def test_batch_policies_give_the_same_tokens(smollm, alone, scheduler):
+    engine = make_engine(smollm, scheduler=scheduler, max_num_seqs=4)
     assert tokens(run_all(engine, VARIED_PROMPTS)) == alone
 
 

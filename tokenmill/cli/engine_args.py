@@ -40,6 +40,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
     )
     group.add_argument("--scheduler", default="continuous", choices=SCHEDULERS)
+    group.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=defaults["max_wait_ms"].default,
+        help="--scheduler dynamic: close a batch once its oldest request waited this long",
+    )
     group.add_argument("--max-num-seqs", type=int, default=64)
     group.add_argument("--max-num-batched-tokens", type=int, default=2048)
     group.add_argument(

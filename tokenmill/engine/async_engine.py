@@ -22,6 +22,9 @@ from tokenmill.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+IDLE_POLL_S = 0.001
+"""Between steps that ran nothing while requests wait to be batched."""
+
 
 class EngineBusyError(RuntimeError):
     """Too many requests are already waiting: the caller should retry later."""
@@ -167,6 +170,10 @@ class AsyncLLMEngine:
                 self._end_all(exc, "error")
             else:
                 self._dispatch(outputs)
+                if self.engine.has_unfinished_requests() and not self.engine.scheduler.running:
+                    # Work waits, but no batch runs: a batch policy is holding its requests
+                    # back (the dynamic batcher filling a batch). Poll gently, not flat out.
+                    await asyncio.sleep(IDLE_POLL_S)
             self.stats = EngineStats.of(self.engine)
 
     def _apply_pending(self) -> None:

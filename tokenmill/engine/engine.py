@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tokenmill.config import EngineArgs, parse_dtype
-from tokenmill.engine.admission import ADMISSION_POLICIES
+from tokenmill.engine.admission import make_admission_policy
 from tokenmill.engine.host_memory import reuse_freed_memory
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.outputs import RequestOutput
@@ -67,7 +67,7 @@ class LLMEngine:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             enable_chunked_prefill=args.enable_chunked_prefill,
-            admission=ADMISSION_POLICIES[args.scheduler](),
+            admission=make_admission_policy(args.scheduler, args.max_num_seqs, args.max_wait_ms),
             speculation=speculation_policy(args),
         )
         proposer = build_proposer(args, draft, kv_caches, self.num_blocks)

@@ -99,7 +99,9 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        if self.admission.seals_batch(len(self.running), len(self._waiting)):
+        if self.admission.seals_batch(
+            len(self.running), len(self._waiting), self._oldest_waiting_arrival()
+        ):
             self._seal_batch()
         budget = self.max_num_batched_tokens
         # The batch this step will run: the running requests and those about to be admitted.
@@ -297,6 +299,12 @@ class Scheduler:
         if self.speculation is None:
             return 0
         return len(plan.drafts) + self.speculation.lookahead_slots(plan.num_to_draft)
+
+    def _oldest_waiting_arrival(self) -> float | None:
+        """Only asked for while nothing runs, when a batch policy may seal the next batch."""
+        if self.running or not self._waiting:
+            return None
+        return min(entry[2].metrics.arrival_time for entry in self._waiting)
 
     def _seal_batch(self) -> None:
         """Admit the next batch: up to max_num_seqs requests join at once (the policy lets
