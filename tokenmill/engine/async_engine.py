@@ -169,6 +169,7 @@ class AsyncLLMEngine:
                 logger.exception("engine step failed; failing the requests in flight")
                 self._end_all(exc, "error")
             else:
+                self.metrics.step_done(self.engine.last_step_num_requests)
                 self._dispatch(outputs)
                 if self.engine.has_unfinished_requests() and not self.engine.scheduler.running:
                     # Work waits, but no batch runs: a batch policy is holding its requests

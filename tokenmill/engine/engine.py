@@ -80,6 +80,7 @@ class LLMEngine:
             prepack_batch_hint=args.prepack_batch_hint,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.last_step_num_requests = 0  # requests the latest step computed (its batch size)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -117,6 +118,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         scheduled = self.scheduler.schedule()
+        self.last_step_num_requests = len(scheduled.scheduled)
         result = self.runner.execute(scheduled)
         self.scheduler.update(
             scheduled, result.sampled, result.proposed, result.verify_time_s, result.draft_time_s

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -18,6 +19,7 @@ from prometheus_client.registry import Collector
 from tokenmill.engine.engine import LLMEngine
 from tokenmill.engine.outputs import RequestOutput
 
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 10.0)
 REQUEST_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
 
@@ -164,8 +166,48 @@ class EngineMetrics:
         self.generation_tokens = Counter(
             "tokenmill_generation_tokens", "Generated tokens", registry=r
         )
+        self.batch_size = Histogram(
+            "tokenmill_batch_size",
+            "Requests computed per engine step that computed any",
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=r,
+        )
         r.register(EngineStatsCollector(stats))
         self._times: dict[str, _RequestTimes] = {}
+
+    def step_done(self, num_requests: int) -> None:
+        if num_requests:
+            self.batch_size.observe(num_requests)
+
+    def summary(self) -> dict[str, Any]:
+        """The seeds' JSON summary (GET /v1/metrics), read from the same series as /metrics:
+        finished requests, tokens, mean latency and rate, mean batch size, TTFT and TPOT
+        percentiles (estimated within histogram buckets, as Prometheus' histogram_quantile)."""
+        value = self.registry.get_sample_value
+        requests = sum(
+            sample.value
+            for metric in self.finished.collect()
+            for sample in metric.samples
+            if sample.name.endswith("_total")
+        )
+        e2e_count = value("tokenmill_e2e_request_latency_seconds_count") or 0.0
+        e2e_sum = value("tokenmill_e2e_request_latency_seconds_sum") or 0.0
+        generated = value("tokenmill_generation_tokens_total") or 0.0
+        prompt = value("tokenmill_prompt_tokens_total") or 0.0
+        steps = value("tokenmill_batch_size_count") or 0.0
+        return {
+            "total_requests": int(requests),
+            "total_prompt_tokens": int(prompt),
+            "total_generated_tokens": int(generated),
+            "total_tokens": int(prompt + generated),
+            "average_latency_ms": 1000 * e2e_sum / e2e_count if e2e_count else None,
+            "average_tokens_per_second": generated / e2e_sum if e2e_sum else None,
+            "average_batch_size": (value("tokenmill_batch_size_sum") or 0.0) / steps
+            if steps
+            else None,
+            "ttft_ms": _percentiles_ms(self.ttft),
+            "tpot_ms": _percentiles_ms(self.tpot),
+        }
 
     def request_added(self, request_id: str, arrival: float, num_sequences: int = 1) -> None:
         self._times[request_id] = _RequestTimes(arrival, num_sequences)
@@ -201,3 +243,35 @@ class EngineMetrics:
         times = self._times.pop(request_id, None)
         if times is not None:
             self.finished.labels(reason).inc(times.num_sequences)
+
+
+PERCENTILES = (50, 90, 99)
+
+
+def _percentiles_ms(histogram: Histogram) -> dict[str, float | None]:
+    """p50 / p90 / p99 of a latency histogram in ms, interpolated linearly inside the bucket
+    holding each rank; None before any observation (and the last finite bound for a rank that
+    falls in the +Inf bucket)."""
+    buckets = [
+        (float(sample.labels["le"]), sample.value)
+        for metric in histogram.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_bucket")
+    ]
+    total = buckets[-1][1] if buckets else 0.0
+    result: dict[str, float | None] = {}
+    for q in PERCENTILES:
+        result[f"p{q}"] = None if not total else 1000 * _bucket_quantile(buckets, q / 100 * total)
+    return result
+
+
+def _bucket_quantile(buckets: list[tuple[float, float]], rank: float) -> float:
+    lower, below = 0.0, 0.0
+    for upper, cumulative in buckets:
+        if cumulative >= rank:
+            if upper == float("inf"):
+                return lower
+            inside = cumulative - below
+            return lower + (upper - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = upper, cumulative
+    return lower

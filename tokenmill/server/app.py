@@ -29,6 +29,7 @@ from tokenmill.loader.chat_template import DEFAULT_CHAT_TEMPLATE
 from tokenmill.server.chat import create_chat_completion
 from tokenmill.server.completions import create_completion
 from tokenmill.server.errors import APIError, bad_request, internal_error, validation_error
+from tokenmill.server.generate import GenerateRequest, create_generation
 from tokenmill.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -137,6 +138,16 @@ def _api_routes(ctx: ServingContext) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         return await create_chat_completion(req, request, ctx)
+
+    @router.post("/v1/generate")
+    async def generate(req: GenerateRequest, request: Request) -> Response:
+        """The seeds' endpoint: one prompt, its text, tokens, latency and rate."""
+        return await create_generation(req, request, ctx)
+
+    @router.get("/v1/metrics")
+    async def metrics_summary() -> dict[str, Any]:
+        """The seeds' JSON summary of the counters behind /metrics."""
+        return ctx.engine.metrics.summary()
 
     @router.get("/v1/models")
     async def models() -> ModelList:
