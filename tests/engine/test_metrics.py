@@ -55,3 +55,34 @@ def test_an_aborted_request_counts_each_of_its_sequences():
     metrics.request_ended("r", "abort")
     metrics.request_ended("r", "abort")  # a second end of the same request is not counted
     assert sample(metrics, "tokenmill_request_success_total", {"finished_reason": "abort"}) == 3
+
+
+def test_the_summary_reports_the_engine_state_of_the_last_step():
+    stats = EngineStats(
+        num_running=2,
+        num_waiting=3,
+        kv_blocks_total=40,
+        kv_blocks_in_use=10,
+        num_preemptions=1,
+        prefix_cache_queried_tokens=200,
+        prefix_cache_hit_tokens=50,
+        spec_draft_tokens=8,
+        spec_accepted_tokens=6,
+        spec_verify_steps=2,
+    )
+    summary = EngineMetrics(lambda: stats).summary()
+    assert summary["num_requests_running"] == 2 and summary["num_requests_waiting"] == 3
+    assert summary["kv_cache_blocks_in_use"] == 10 and summary["kv_cache_blocks_total"] == 40
+    assert summary["kv_cache_usage"] == 0.25
+    assert summary["num_preemptions"] == 1
+    assert summary["prefix_cache_hit_rate"] == 0.25
+    assert summary["spec_decode_draft_tokens"] == 8
+    assert summary["spec_decode_accepted_tokens"] == 6
+    assert summary["spec_decode_acceptance_rate"] == 0.75
+
+
+def test_the_summary_rates_are_null_before_anything_was_looked_up_or_drafted():
+    summary = EngineMetrics(EngineStats).summary()
+    assert summary["prefix_cache_hit_rate"] is None
+    assert summary["spec_decode_acceptance_rate"] is None
+    assert summary["kv_cache_usage"] == 0.0

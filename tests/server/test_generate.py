@@ -91,6 +91,20 @@ def test_metrics_summary_counts_what_was_served(http):
         assert 0 < p50 <= p90 <= p99
 
 
+def test_metrics_summary_carries_the_engine_state_behind_the_gauges(server, http):
+    http.post("/v1/generate", json={"prompt": "Hello", "max_tokens": 3, "temperature": 0})
+    server.wait_until_idle()
+    summary = http.get("/v1/metrics").json()
+    assert summary["num_requests_running"] == 0 and summary["num_requests_waiting"] == 0
+    assert summary["kv_cache_blocks_total"] == server.engine.kv_manager.num_blocks
+    assert summary["kv_cache_usage"] == server.metric("tokenmill_kv_cache_usage_ratio") == 0
+    assert summary["prefix_cache_queried_tokens"] > 0
+    assert summary["prefix_cache_hit_rate"] == pytest.approx(
+        server.metric("tokenmill_prefix_cache_hit_rate")
+    )
+    assert summary["spec_decode_acceptance_rate"] is None  # no speculation on this server
+
+
 def test_the_seeds_endpoints_need_the_api_key(start_server):
     with start_server(api_key="secret") as live:
         body = {"prompt": "Hi", "max_tokens": 2}

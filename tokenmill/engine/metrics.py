@@ -173,6 +173,7 @@ class EngineMetrics:
             registry=r,
         )
         r.register(EngineStatsCollector(stats))
+        self._stats = stats
         self._times: dict[str, _RequestTimes] = {}
 
     def step_done(self, num_requests: int) -> None:
@@ -182,7 +183,8 @@ class EngineMetrics:
     def summary(self) -> dict[str, Any]:
         """The seeds' JSON summary (GET /v1/metrics), read from the same series as /metrics:
         finished requests, tokens, mean latency and rate, mean batch size, TTFT and TPOT
-        percentiles (estimated within histogram buckets, as Prometheus' histogram_quantile)."""
+        percentiles (estimated within histogram buckets, as Prometheus' histogram_quantile),
+        then the engine's state as of its last step (what the playground's live panel draws)."""
         value = self.registry.get_sample_value
         requests = sum(
             sample.value
@@ -207,6 +209,7 @@ class EngineMetrics:
             else None,
             "ttft_ms": _percentiles_ms(self.ttft),
             "tpot_ms": _percentiles_ms(self.tpot),
+            **_state(self._stats()),
         }
 
     def request_added(self, request_id: str, arrival: float, num_sequences: int = 1) -> None:
@@ -243,6 +246,26 @@ class EngineMetrics:
         times = self._times.pop(request_id, None)
         if times is not None:
             self.finished.labels(reason).inc(times.num_sequences)
+
+
+def _state(s: EngineStats) -> dict[str, Any]:
+    """The gauges and cache / speculation counters of one snapshot; a rate is None while its
+    denominator is 0 (no prompt looked up, no draft verified)."""
+    queried, drafted = s.prefix_cache_queried_tokens, s.spec_draft_tokens
+    return {
+        "num_requests_running": s.num_running,
+        "num_requests_waiting": s.num_waiting,
+        "kv_cache_blocks_in_use": s.kv_blocks_in_use,
+        "kv_cache_blocks_total": s.kv_blocks_total,
+        "kv_cache_usage": s.kv_blocks_in_use / s.kv_blocks_total if s.kv_blocks_total else 0.0,
+        "num_preemptions": s.num_preemptions,
+        "prefix_cache_queried_tokens": queried,
+        "prefix_cache_hit_tokens": s.prefix_cache_hit_tokens,
+        "prefix_cache_hit_rate": s.prefix_cache_hit_tokens / queried if queried else None,
+        "spec_decode_draft_tokens": drafted,
+        "spec_decode_accepted_tokens": s.spec_accepted_tokens,
+        "spec_decode_acceptance_rate": s.spec_accepted_tokens / drafted if drafted else None,
+    }
 
 
 PERCENTILES = (50, 90, 99)
