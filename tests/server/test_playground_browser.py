@@ -7,6 +7,7 @@ chromedriver or selenium is missing (scripts/install.sh installs them)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -145,9 +146,14 @@ def set_field(driver, css: str, value: str) -> None:
     field.send_keys(value)
 
 
+def open_settings(driver) -> None:
+    if element(driver, "#settings").get_attribute("open") is None:
+        element(driver, "#settings summary").click()
+
+
 def ask(driver, text: str, max_tokens: int) -> None:
     """Types a message and sends it with Enter, as a keyboard user would."""
-    element(driver, "#settings summary").click()
+    open_settings(driver)
     set_field(driver, "#max-tokens", str(max_tokens))
     set_field(driver, "#temperature", "0")
     element(driver, "#prompt").send_keys(text, Keys.ENTER)
@@ -207,6 +213,57 @@ def test_stop_aborts_the_answer_and_the_running_count_returns_to_0(page, server_
     assert summary["num_requests_running"] == 0
     assert _aborted(server_url) == aborted + 1
     assert not element(page, "#send").get_attribute("disabled")
+
+
+# Keeps the body of every chat request the page sends, then lets it through.
+RECORD_REQUESTS = """
+window.chatBodies = [];
+const fetchAsIs = window.fetch;
+window.fetch = (path, options) => {
+  if (String(path).endsWith('/v1/chat/completions')) {
+    window.chatBodies.push(JSON.parse(options.body));
+  }
+  return fetchAsIs(path, options);
+};
+"""
+
+
+def test_the_settings_become_the_request_fields(page, server_url):
+    enter_key(page, API_KEY)
+    page.execute_script(RECORD_REQUESTS)
+    open_settings(page)
+    set_field(page, "#system", "You are terse.")
+    set_field(page, "#top-p", "0.9")
+    set_field(page, "#seed", "7")
+    set_field(page, "#stop-strings", "END")
+    schema = '{"type": "object", "properties": {"answer": {"type": "string"}}}'
+    set_field(page, "#schema", schema)
+    ask(page, "Hi", max_tokens=3)
+    wait_for(lambda: answer_stats(page), what="the answer")
+    (body,) = page.execute_script("return window.chatBodies")
+    assert body["messages"] == [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi"},
+    ]
+    assert body["model"] == MODEL and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert (body["temperature"], body["top_p"], body["max_tokens"]) == (0, 0.9, 3)
+    assert body["seed"] == 7 and body["stop"] == ["END"]
+    assert body["response_format"]["type"] == "json_schema"
+    assert body["response_format"]["json_schema"]["schema"] == json.loads(schema)
+    assert not element(page, "#model-picker").is_displayed()  # one model: no picker
+
+
+def test_a_schema_that_is_not_json_is_refused_in_the_page(page, server_url):
+    enter_key(page, API_KEY)
+    page.execute_script(RECORD_REQUESTS)
+    open_settings(page)
+    set_field(page, "#schema", "{not json")
+    element(page, "#prompt").send_keys("Hi", Keys.ENTER)
+    error = wait_for(lambda: page.find_elements(By.CSS_SELECTOR, ".msg.error"), what="error")
+    assert "not valid JSON" in error[0].text
+    assert page.execute_script("return window.chatBodies") == []
+    assert element(page, "#prompt").get_attribute("value") == "Hi"  # kept to fix and resend
 
 
 def test_the_live_panel_updates_and_fits_400_px(page, server_url, tmp_path):
