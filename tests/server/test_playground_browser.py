@@ -52,7 +52,8 @@ new MutationObserver(() => {
 
 
 @pytest.fixture(scope="module")
-def server_url(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
+    """A `tokenmill serve` process, started (not yet ready): the browser starts meanwhile."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -60,25 +61,31 @@ def server_url(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     command += ["--served-model-name", MODEL, "--port", str(port), "--kv-cache-memory", "64MiB"]
     command += ["--api-key", API_KEY]
     log_path = tmp_path_factory.mktemp("serve") / "server.log"
-    log = log_path.open("w")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while not _healthy(url):
-            assert process.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.2)
-        yield url
-    finally:
-        process.terminate()
+    with log_path.open("w") as log:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+            yield process, f"http://127.0.0.1:{port}", log_path
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture(scope="module")
+def server_url(server, browser) -> str:
+    """The server's URL once it answers /health. (Asking for the browser here makes it quit
+    before the server stops: a page still polling would hold the server's graceful shutdown.)"""
+    process, url, log_path = server
+    deadline = time.monotonic() + 180
+    while not _healthy(url):
+        assert process.poll() is None, log_path.read_text()
+        assert time.monotonic() < deadline, "server did not come up"
+        time.sleep(0.2)
+    return url
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +105,7 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(server_url, browser):
-    """The playground, freshly loaded in a tab that holds no API key. (The server is asked for
-    first so that it outlives the browser: a browser still polling would hold its graceful
-    shutdown.)"""
+    """The playground, freshly loaded in a tab that holds no API key."""
     browser.get(server_url)
     browser.execute_script("sessionStorage.clear()")
     browser.get(server_url)
@@ -264,6 +269,19 @@ def test_a_schema_that_is_not_json_is_refused_in_the_page(page, server_url):
     assert "not valid JSON" in error[0].text
     assert page.execute_script("return window.chatBodies") == []
     assert element(page, "#prompt").get_attribute("value") == "Hi"  # kept to fix and resend
+
+
+def test_a_refused_request_shows_the_server_error_and_stays_out_of_the_history(page, server_url):
+    enter_key(page, API_KEY)
+    page.execute_script(RECORD_REQUESTS)
+    ask(page, "First", max_tokens=10**6)
+    error = wait_for(lambda: page.find_elements(By.CSS_SELECTOR, ".msg.error"), what="error")
+    assert "maximum context length" in error[0].text and "max_tokens" in error[0].text
+    ask(page, "Second", max_tokens=3)
+    wait_for(lambda: "tokens" in answer_stats(page), what="the second answer")
+    refused, accepted = page.execute_script("return window.chatBodies")
+    assert refused["messages"] == [{"role": "user", "content": "First"}]
+    assert accepted["messages"] == [{"role": "user", "content": "Second"}]
 
 
 def test_the_live_panel_updates_and_fits_400_px(page, server_url, tmp_path):

@@ -120,6 +120,7 @@ async function send() {
   const before = latestSummary();
   const t = { start: performance.now(), first: null, end: null, chunks: 0, usage: null };
   let reply = "";
+  let failed = false;
   try {
     const response = await api("/v1/chat/completions", {
       method: "POST",
@@ -140,6 +141,7 @@ async function send() {
   } catch (error) {
     if (error.name === "AbortError") t.stopped = true;
     else {
+      failed = true;
       answer.classList.add("error");
       content.textContent = reply ? `${reply}\n[${error.message}]` : error.message;
     }
@@ -147,8 +149,12 @@ async function send() {
   t.end = performance.now();
   setRunning(null);
   answer.classList.remove("streaming");
-  conversation.push(turn);
-  if (reply) conversation.push({ role: "assistant", content: reply });
+  // A refused turn stays on screen but out of the history, so the next message is not refused
+  // for it again; a stopped answer is kept as far as it got.
+  if (!failed) {
+    conversation.push(turn);
+    if (reply) conversation.push({ role: "assistant", content: reply });
+  }
   const stats = document.createElement("div");
   stats.className = "stats";
   stats.textContent = figures(t);
