@@ -59,7 +59,8 @@ def server(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         port = sock.getsockname()[1]
     command = [sys.executable, "-m", "tokenmill.cli", "serve", "--model", str(smollm_path)]
     command += ["--served-model-name", MODEL, "--port", str(port), "--kv-cache-memory", "64MiB"]
-    command += ["--api-key", API_KEY]
+    # With prompt-lookup drafting on, so the speculative figures have something to show.
+    command += ["--api-key", API_KEY, "--speculative-method", "ngram"]
     log_path = tmp_path_factory.mktemp("serve") / "server.log"
     with log_path.open("w") as log:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -192,7 +193,7 @@ def test_the_api_refuses_the_page_until_the_key_is_entered(page, server_url):
 
 def test_an_answer_streams_in_and_its_figures_follow(page, server_url, tmp_path):
     enter_key(page, API_KEY)
-    ask(page, "Write two sentences about the sea.", max_tokens=32)
+    ask(page, "Write two sentences about the sea.", max_tokens=16)
     stats = wait_for(lambda: answer_stats(page), what="the answer's figures")
     lengths = page.execute_script("return window.answerLengths")
     growing = [n for n in lengths if n > 0]
@@ -201,6 +202,18 @@ def test_an_answer_streams_in_and_its_figures_follow(page, server_url, tmp_path)
     assert "TTFT" in stats and "tok/s" in stats and "tokens" in stats and "≈" not in stats
     page.save_screenshot(str(tmp_path / "playground.png"))
     assert (tmp_path / "playground.png").stat().st_size > 0
+
+
+def test_speculative_acceptance_shows_under_the_answer_and_in_the_panel(page, server_url):
+    enter_key(page, API_KEY)
+    before = metrics(server_url)["spec_decode_draft_tokens"]
+    line = "the quick brown fox jumps over the lazy dog"
+    ask(page, f"Repeat this line three times: {line}. {line}.", max_tokens=16)
+    stats = wait_for(lambda: "spec accepted" in (s := answer_stats(page)) and s, what="spec")
+    assert metrics(server_url)["spec_decode_draft_tokens"] > before
+    assert stats.split("spec accepted ")[1].split("%")[0].isdigit()
+    wait_for(lambda: element(page, "#m-spec-box").is_displayed(), what="the panel's spec figure")
+    assert element(page, "#m-spec").text.endswith("%")
 
 
 def test_stop_aborts_the_answer_and_the_running_count_returns_to_0(page, server_url):

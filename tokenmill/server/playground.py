@@ -8,6 +8,7 @@ the same routes and API key as any other client.
 from __future__ import annotations
 
 from importlib.resources import files
+from pathlib import PurePath
 
 from fastapi import APIRouter
 from fastapi.responses import Response
@@ -31,7 +32,7 @@ def static_files() -> dict[str, str]:
     path reaches outside the static folder."""
     result = {}
     for entry in STATIC.iterdir():
-        suffix = entry.name[entry.name.rfind(".") :]
+        suffix = PurePath(entry.name).suffix
         if entry.is_file() and suffix in CONTENT_TYPES:
             result[entry.name] = CONTENT_TYPES[suffix]
     return result
