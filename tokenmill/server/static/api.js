@@ -40,11 +40,13 @@ function abortable(promise, signal) {
 }
 
 // fetch() with the key; on a 401, waits for the user to give a key and tries again.
-export async function api(path, options = {}) {
+// `onSend`, if given, is called as each attempt starts (a timer then leaves out the wait).
+export async function api(path, { onSend, ...options } = {}) {
   for (;;) {
     const headers = { ...(options.headers || {}) };
     if (options.body) headers["Content-Type"] = "application/json";
     if (apiKey !== null) headers.Authorization = `Bearer ${apiKey}`;
+    onSend?.();
     const response = await fetch(path, { ...options, headers });
     if (response.status !== 401) return response;
     const message = apiKey === null ? "This server needs an API key." : "That API key was refused.";

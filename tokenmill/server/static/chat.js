@@ -54,8 +54,9 @@ function requestBody(messages) {
   return body;
 }
 
-// The figures under an answer. Times are measured here, in the browser, from the moment Send
-// was pressed; token counts come from the server's usage chunk when it sent one.
+// The figures under an answer. Times are measured here, in the browser, from the moment the
+// request left (after any wait for an API key); token counts come from the server's usage
+// chunk when it sent one. Speculative acceptance is the server's over the answer's time.
 function figures(t) {
   const parts = [];
   if (t.first !== null) parts.push(`TTFT ${(t.first - t.start).toFixed(0)} ms`);
@@ -126,6 +127,9 @@ async function send() {
       method: "POST",
       body: JSON.stringify(body),
       signal: controller.signal,
+      onSend: () => {
+        t.start = performance.now();
+      },
     });
     if (!response.ok) throw await errorOf(response);
     await readEvents(response, (chunk) => {
