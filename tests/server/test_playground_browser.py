@@ -68,12 +68,9 @@ def server(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         try:
             yield process, f"http://127.0.0.1:{port}", log_path
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            # Killed, not shut down gracefully: that takes seconds and test_app.py tests it.
+            process.kill()
+            process.wait()
 
 
 @pytest.fixture(scope="module")
