@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -136,6 +137,35 @@ def workload(sizes: AblateSizes, seed: int) -> list[BenchRequest]:
 
 
 def arrivals(ctx: AblateContext) -> Experiment:
+    sizes, options = ctx.sizes, ctx.arrivals
+    points = sweep(ctx)
+    by_scheduler = {s: [p for p in points if p.scheduler == s] for s in options.schedulers}
+    slos = f"TTFT <= {options.ttft_slo_ms:g} ms and TPOT <= {options.tpot_slo_ms:g} ms"
+    plot = panel_plot(
+        ctx.out_dir / "arrivals_goodput_ttft.png",
+        f"{sizes.arrival_requests} mixed requests per rate, Poisson arrivals; goodput: {slos}",
+        "offered rate (requests/s)",
+        {
+            "goodput (requests/s)": {
+                "offered rate": (list(sizes.arrival_rates), list(sizes.arrival_rates)),
+                **_series(by_scheduler, lambda p: p.goodput),
+            },
+            "p99 TTFT (s)": _series(by_scheduler, lambda p: p.ttft_p99_s),
+        },
+        references=("offered rate",),
+        log_x=len(sizes.arrival_rates) > 1,
+    )
+    data = {
+        "slos": options.slos,
+        "attainment": ATTAINMENT,
+        "rates": sizes.arrival_rates,
+        "sustained_rate": {s: sustained_rate(ps) for s, ps in by_scheduler.items()},
+        "points": points,
+    }
+    return Experiment(verdicts(by_scheduler, slos), data, plot, arrivals_table(points))
+
+
+def sweep(ctx: AblateContext) -> list[ArrivalPoint]:
     """Each scheduler's server, the rates in turn from the lowest. Every rate has a seed of its
     own for prompts and arrivals (the same for every scheduler), so no rate finds the previous
     one's prompts in the prefix cache."""
@@ -159,38 +189,17 @@ def arrivals(ctx: AblateContext) -> Experiment:
                     + (f"; first error: {result.first_error}" if result.first_error else ""),
                     file=sys.stderr,
                 )
-    by_scheduler = {s: [p for p in points if p.scheduler == s] for s in options.schedulers}
-    sustained = {s: sustained_rate(ps) for s, ps in by_scheduler.items()}
-    slos = f"TTFT <= {options.ttft_slo_ms:g} ms and TPOT <= {options.tpot_slo_ms:g} ms"
-    plot = panel_plot(
-        ctx.out_dir / "arrivals_goodput_ttft.png",
-        f"{sizes.arrival_requests} mixed requests per rate, Poisson arrivals; goodput: {slos}",
-        "offered rate (requests/s)",
-        {
-            "goodput (requests/s)": {
-                "offered rate": (list(sizes.arrival_rates), list(sizes.arrival_rates)),
-                **{
-                    f"scheduler={s}": ([p.rate for p in ps], [p.goodput for p in ps])
-                    for s, ps in by_scheduler.items()
-                },
-            },
-            "p99 TTFT (s)": {
-                f"scheduler={s}": ([p.rate for p in ps], [p.ttft_p99_s for p in ps])
-                for s, ps in by_scheduler.items()
-            },
-        },
-        references=("offered rate",),
-        log_x=len(sizes.arrival_rates) > 1,
-    )
-    data = {
-        "slos": options.slos,
-        "attainment": ATTAINMENT,
-        "rates": sizes.arrival_rates,
-        "sustained_rate": sustained,
-        "points": points,
+    return points
+
+
+def _series(
+    by_scheduler: dict[str, list[ArrivalPoint]], value: Callable[[ArrivalPoint], float]
+) -> dict[str, tuple[list[float], list[float]]]:
+    """One line per scheduler: `value` of its points against their rates."""
+    return {
+        f"scheduler={s}": ([p.rate for p in points], [value(p) for p in points])
+        for s, points in by_scheduler.items()
     }
-    rows = verdicts(by_scheduler, slos)
-    return Experiment(rows, data, plot, arrivals_table(points))
 
 
 def verdicts(by_scheduler: dict[str, list[ArrivalPoint]], slos: str) -> list[Comparison]:
