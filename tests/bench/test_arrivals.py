@@ -139,6 +139,7 @@ def test_quick_run_drives_a_real_server_at_every_rate(tokenmill_cli, tmp_path):
         assert p["output_throughput"] > 0
     top = max(QUICK.arrival_rates)
     assert experiment["data"]["sustained_rate"] == {"dynamic": top}
+    assert experiment["data"]["options"]["schedulers"] == ["dynamic"]
     assert payload["rows"] == []  # nothing to compare it with
     table = (out / "ablate.md").read_text()
     assert table.strip() in result.stdout

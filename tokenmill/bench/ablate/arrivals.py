@@ -156,6 +156,7 @@ def arrivals(ctx: AblateContext) -> Experiment:
         log_x=len(sizes.arrival_rates) > 1,
     )
     data = {
+        "options": options,  # schedulers, objectives, seed
         "slos": options.slos,
         "attainment": ATTAINMENT,
         "rates": sizes.arrival_rates,
