@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tokenmill.bench.ablate import EXPERIMENTS, FULL, QUICK
+from tokenmill.bench.ablate import DEFAULT_EXPERIMENTS, FULL, QUICK
 from tokenmill.bench.workloads import load_workload
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -34,7 +34,7 @@ def test_quick_run_writes_table_json_and_one_png_per_experiment(tokenmill_cli, t
     for row in payload["rows"]:
         assert row["winner"] in {row["baseline"], row["candidate"], "tie"}, row
         assert row["margin"]
-    assert set(payload["experiments"]) == set(EXPERIMENTS)
+    assert set(payload["experiments"]) == set(DEFAULT_EXPERIMENTS)
     for experiment in payload["experiments"].values():
         assert (out / experiment["plot"]).read_bytes()[:8] == PNG_MAGIC
     table = (out / "ablate.md").read_text()

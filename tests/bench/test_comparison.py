@@ -24,6 +24,11 @@ def test_values_within_two_percent_are_a_tie():
     assert row(0.0, 0.0, higher_is_better=True).winner == "tie"
 
 
+def test_a_win_against_zero_names_no_ratio():
+    verdict = row(0.0, 2.0, higher_is_better=True, unit="req/s")
+    assert (verdict.winner, verdict.margin) == ("on", "higher, against 0")
+
+
 def test_fractions_compare_in_percentage_points():
     verdict = row(0.62, 0.05, higher_is_better=False, unit="%")
     assert (verdict.winner, verdict.margin) == ("on", "57.0 points lower")

@@ -10,9 +10,9 @@ from tokenmill.bench.llama_server import (
     BUILD_ID,
     LLAMA_CPP_PYTHON,
     ensure_llama_server,
-    free_port,
     running_llama_server,
 )
+from tokenmill.bench.local_server import free_port
 
 
 def test_missing_build_without_install_is_a_value_error(tmp_path):

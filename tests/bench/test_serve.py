@@ -14,13 +14,14 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tokenmill.bench.llama_server import free_port
+from tokenmill.bench.local_server import free_port
 from tokenmill.bench.serve import (
     RequestTrace,
     ServeConfig,
     arrival_offsets_s,
     parse_goodput,
     parse_request_rate,
+    requests_meeting,
     run_serve,
 )
 from tokenmill.bench.workloads import BenchRequest
@@ -137,3 +138,16 @@ def test_a_request_meets_goodput_only_within_every_objective():
     assert trace.meets({"ttft_ms": 250, "tpot_ms": 100})
     assert not trace.meets({"ttft_ms": 250, "tpot_ms": 99})
     assert not trace.meets({"e2el_ms": 1000})
+
+
+def test_goodput_counts_completed_requests_within_every_objective():
+    slos = {"ttft_ms": 500, "tpot_ms": 50}
+    traces = [
+        RequestTrace(output_tokens=5, ttft_s=0.4, e2e_s=0.6),  # TPOT 50 ms: met
+        RequestTrace(output_tokens=5, ttft_s=0.6, e2e_s=0.8),  # TTFT too late
+        RequestTrace(output_tokens=5, ttft_s=0.1, e2e_s=0.9),  # TPOT 200 ms
+        RequestTrace(output_tokens=1, ttft_s=0.2, e2e_s=0.2),  # one token: no TPOT to miss
+        RequestTrace(error="HTTP 503: busy"),  # failed: meets nothing
+    ]
+    assert requests_meeting(traces, slos) == 2
+    assert requests_meeting(traces, {"e2el_ms": 850}) == 3

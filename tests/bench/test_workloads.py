@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from tokenmill.bench.workloads import batch64, load_workload, random_requests, single
+from tokenmill.bench.workloads import (
+    RequestShape,
+    batch64,
+    load_workload,
+    mixed_requests,
+    random_requests,
+    single,
+)
 
 
 def test_batch64_has_the_published_token_counts():
@@ -52,3 +59,30 @@ def test_bad_jsonl_line_is_a_value_error_naming_the_line(tmp_path, line, message
 def test_unknown_workload_name_lists_the_choices():
     with pytest.raises(ValueError, match="batch64, single"):
         load_workload("batch65")
+
+
+SHORT = RequestShape(prompt_len=(4, 8), max_tokens=(1, 3))
+LONG = RequestShape(prompt_len=(100, 120), max_tokens=(20, 30))
+
+
+def test_mixed_requests_are_the_same_for_the_same_seed_and_differ_for_another():
+    first = mixed_requests(7, 50, SHORT, LONG, long_share=0.3)
+    assert first == mixed_requests(7, 50, SHORT, LONG, long_share=0.3)
+    assert first != mixed_requests(8, 50, SHORT, LONG, long_share=0.3)
+
+
+def test_mixed_requests_draw_each_request_from_one_shape():
+    requests = mixed_requests(3, 400, SHORT, LONG, long_share=0.25)
+    long = [r for r in requests if len(r.prompt_token_ids or []) >= 100]
+    short = [r for r in requests if len(r.prompt_token_ids or []) <= 8]
+    assert len(long) + len(short) == len(requests)
+    assert all(20 <= r.max_tokens <= 30 for r in long)
+    assert all(1 <= r.max_tokens <= 3 for r in short)
+    assert 0.18 < len(long) / len(requests) < 0.32
+
+
+def test_mixed_requests_at_the_ends_of_the_share_are_all_one_shape():
+    assert all(r.max_tokens <= 3 for r in mixed_requests(1, 20, SHORT, LONG, long_share=0))
+    assert all(r.max_tokens >= 20 for r in mixed_requests(1, 20, SHORT, LONG, long_share=1))
+    with pytest.raises(ValueError, match="long_share"):
+        mixed_requests(1, 20, SHORT, LONG, long_share=1.5)

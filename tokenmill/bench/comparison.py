@@ -38,8 +38,9 @@ class Comparison:
         low, high = sorted((abs(base), abs(cand)))
         if high == 0 or (high - low) / high < TIE_WITHIN:
             return "tie", "within 2%"
-        ratio = high / low if low else float("inf")
-        return better_name, f"{ratio:.2f}x {direction}"
+        if low == 0:  # no ratio to a zero, e.g. a rate no request was served within
+            return better_name, f"{direction}, against 0"
+        return better_name, f"{high / low:.2f}x {direction}"
 
     def cells(self) -> list[str]:
         return [

@@ -9,16 +9,13 @@ it the llama.cpp a serving comparison should face.
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import sys
 import tarfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-
+from tokenmill.bench.local_server import free_port, stop, wait_until_healthy
 from tokenmill.bench.venvs import VenvSpec, ensure_venv, run_checked
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
@@ -95,12 +92,6 @@ def _vendored_llama_cpp(python: Path, src_dir: Path) -> Path:
     return unpacked / "vendor" / "llama.cpp"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def running_llama_server(
     binary: Path, gguf: Path, slots: int, slot_context: int, threads: int, log: Path
@@ -133,29 +124,7 @@ def running_llama_server(
     with log.open("w", encoding="utf-8") as sink:
         server = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
         try:
-            _wait_until_healthy(server, base_url, log)
+            wait_until_healthy(server, "llama-server", base_url, log, timeout_s=300)
             yield base_url
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-
-
-def _wait_until_healthy(
-    server: subprocess.Popen[bytes], base_url: str, log: Path, timeout_s: float = 300
-) -> None:
-    """/health answers 503 while the model loads and 200 once it can serve."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            tail = log.read_text(encoding="utf-8", errors="replace")[-2000:]
-            raise RuntimeError(f"llama-server exited with {server.returncode}:\n{tail}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise RuntimeError(
-        f"llama-server at {base_url} was not ready after {timeout_s:.0f} s; see {log}"
-    )
+            stop(server, timeout_s=30)

@@ -39,6 +39,44 @@ def line_plot(
     return _save(figure, axes, path, title, ylabel)
 
 
+def panel_plot(
+    path: Path,
+    title: str,
+    xlabel: str,
+    panels: dict[str, Series],
+    references: tuple[str, ...] = (),
+    log_x: bool = False,
+) -> Path:
+    """Line charts side by side sharing the x axis: `panels` maps each one's y label to its
+    series. A label has one colour in every panel; labels in `references` (a bound such as the
+    offered rate) are drawn grey and dashed. `log_x` spaces the x values by ratio (rates that
+    double each time) and puts a tick at each."""
+    labels = [label for series in panels.values() for label in series if label not in references]
+    colours = {label: f"C{index}" for index, label in enumerate(dict.fromkeys(labels))}
+    figure = Figure(figsize=(5.0 * len(panels), 4.2), dpi=110)
+    grid = figure.subplots(1, len(panels), squeeze=False)[0]
+    for axes, (ylabel, series) in zip(grid, panels.items(), strict=True):
+        for label, (xs, ys) in series.items():
+            reference = label in references
+            style = {"color": "grey", "linestyle": "--"} if reference else {"color": colours[label]}
+            axes.plot(xs, ys, label=label, marker="o", markersize=3, **style)
+        if log_x:
+            axes.set_xscale("log", base=2)
+            axes.set_xticks(sorted({x for xs, _ in series.values() for x in xs}))
+            axes.xaxis.set_major_formatter("{x:g}")
+            axes.xaxis.set_minor_formatter("")
+        axes.set_xlabel(xlabel)
+        axes.set_ylabel(ylabel)
+        axes.set_ylim(bottom=0)
+        axes.grid(alpha=0.3)
+        axes.legend()
+    figure.suptitle(title)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    return path
+
+
 def bar_plot(path: Path, title: str, ylabel: str, groups: Bars) -> Path:
     """`groups` maps a group's label on the x axis to {legend label: bar height}; every group
     has the same legend labels, drawn side by side in that order."""

@@ -139,6 +139,7 @@ class ServeResult:
     total_token_throughput: float
     goodput_slos: dict[str, float]
     goodput: float | None  # requests per second that met every objective
+    goodput_requests: int | None  # how many requests met every objective
     ttft_ms: Distribution
     tpot_ms: Distribution
     itl_ms: Distribution
@@ -280,6 +281,12 @@ async def _stream_completion(
     return trace
 
 
+def requests_meeting(traces: list[RequestTrace], slos: dict[str, float]) -> int:
+    """How many requests completed within every objective: goodput's numerator (a failed
+    request meets none)."""
+    return sum(t.error is None and t.meets(slos) for t in traces)
+
+
 def _summarize(
     config: ServeConfig, model: str, traces: list[RequestTrace], duration: float
 ) -> ServeResult:
@@ -287,9 +294,7 @@ def _summarize(
     failed = [t for t in traces if t.error is not None]
     prompt_tokens = sum(t.prompt_tokens for t in done)
     output_tokens = sum(t.output_tokens for t in done)
-    goodput = None
-    if config.goodput:
-        goodput = sum(t.meets(config.goodput) for t in done) / duration
+    met = requests_meeting(traces, config.goodput) if config.goodput else None
     return ServeResult(
         base_url=config.base_url,
         model=model,
@@ -305,7 +310,8 @@ def _summarize(
         output_throughput=output_tokens / duration,
         total_token_throughput=(prompt_tokens + output_tokens) / duration,
         goodput_slos=dict(config.goodput),
-        goodput=goodput,
+        goodput=None if met is None else met / duration,
+        goodput_requests=met,
         ttft_ms=Distribution.of([t.ttft_s * 1000 for t in done]),
         tpot_ms=Distribution.of([t.tpot_s * 1000 for t in done if t.tpot_s is not None]),
         itl_ms=Distribution.of([gap * 1000 for t in done for gap in t.itl_s]),

@@ -37,6 +37,30 @@ def random_requests(
     return requests
 
 
+@dataclass(frozen=True)
+class RequestShape:
+    """A kind of request: its prompt length and max_tokens ranges, both inclusive."""
+
+    prompt_len: tuple[int, int]
+    max_tokens: tuple[int, int]
+
+
+def mixed_requests(
+    seed: int, count: int, short: RequestShape, long: RequestShape, long_share: float
+) -> list[BenchRequest]:
+    """Short and long requests interleaved at random, `long_share` of them long on average.
+    Per request, in this order: which kind, a prompt length, its ids, then max_tokens."""
+    if not 0 <= long_share <= 1:
+        raise ValueError(f"long_share must be between 0 and 1, got {long_share}")
+    rng = random.Random(seed)
+    requests = []
+    for _ in range(count):
+        shape = long if rng.random() < long_share else short
+        prompt = random_token_ids(rng, rng.randint(*shape.prompt_len))
+        requests.append(BenchRequest(prompt, None, rng.randint(*shape.max_tokens)))
+    return requests
+
+
 def batch64() -> list[BenchRequest]:
     """64 random-token prompts of 32-256 tokens, each generating 32-256 tokens."""
     return random_requests(1, 64, (32, 256), (32, 256))

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from tokenmill.bench.workloads import RequestShape
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,23 @@ class AblateSizes:
     spec_batch_max_tokens: tuple[int, int]
     loop_batch_requests: int  # the decode loop's small batch, all running at once
     loop_new_tokens: int  # generated per request of that batch
+    arrival_rates: tuple[float, ...]  # requests/s offered to each scheduler's server, in turn
+    arrival_requests: int  # sent at each rate
+    arrival_short: RequestShape
+    arrival_long: RequestShape
+    arrival_long_share: float  # of the requests, on average
+
+    def with_arrivals(
+        self, rates: tuple[float, ...] | None = None, requests: int | None = None
+    ) -> AblateSizes:
+        """These sizes with other arrival rates or requests per rate."""
+        if requests is not None and requests < 1:
+            raise ValueError(f"requests per rate must be >= 1, got {requests}")
+        return replace(
+            self,
+            arrival_rates=self.arrival_rates if rates is None else rates,
+            arrival_requests=self.arrival_requests if requests is None else requests,
+        )
 
 
 FULL = AblateSizes(
@@ -64,6 +83,11 @@ FULL = AblateSizes(
     spec_batch_max_tokens=(16, 32),
     loop_batch_requests=8,
     loop_new_tokens=128,
+    arrival_rates=(0.5, 1.0, 2.0, 4.0),
+    arrival_requests=30,
+    arrival_short=RequestShape(prompt_len=(16, 64), max_tokens=(16, 64)),
+    arrival_long=RequestShape(prompt_len=(256, 512), max_tokens=(64, 128)),
+    arrival_long_share=0.25,
 )
 
 QUICK = AblateSizes(
@@ -92,4 +116,9 @@ QUICK = AblateSizes(
     spec_batch_max_tokens=(3, 8),
     loop_batch_requests=3,
     loop_new_tokens=4,
+    arrival_rates=(2.0, 8.0),
+    arrival_requests=3,
+    arrival_short=RequestShape(prompt_len=(8, 16), max_tokens=(2, 4)),
+    arrival_long=RequestShape(prompt_len=(32, 48), max_tokens=(4, 8)),
+    arrival_long_share=0.34,
 )
