@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from tokenmill.bench.workloads import batch64, load_workload, random_requests, single
+from tokenmill.bench.workloads import (
+    batch64,
+    load_workload,
+    random_requests,
+    sessions,
+    single,
+)
 
 
 def test_batch64_has_the_published_token_counts():
@@ -52,3 +58,16 @@ def test_bad_jsonl_line_is_a_value_error_naming_the_line(tmp_path, line, message
 def test_unknown_workload_name_lists_the_choices():
     with pytest.raises(ValueError, match="batch64, single"):
         load_workload("batch65")
+
+
+def test_sessions_share_a_system_prompt_and_grow_each_history_turn_by_turn():
+    requests = sessions(num_sessions=3, turns=2, system_tokens=20, user_tokens=5, reply_tokens=4)
+    assert len(requests) == 6
+    first_turns, second_turns = requests[:3], requests[3:]
+    assert all(r.after is None for r in first_turns)
+    assert [r.after for r in second_turns] == [0, 1, 2]
+    system = first_turns[0].prompt_token_ids[:20]
+    assert all(r.prompt_token_ids[:20] == system for r in requests)
+    for first, second in zip(first_turns, second_turns, strict=True):
+        assert second.prompt_token_ids[: len(first.prompt_token_ids)] == first.prompt_token_ids
+        assert len(second.prompt_token_ids) == len(first.prompt_token_ids) + 4 + 5
