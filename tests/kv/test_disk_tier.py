@@ -15,7 +15,9 @@ from tokenmill.engine.engine import LLMEngine
 from tokenmill.kv.block_bytes import block_payload_bytes, read_blocks, write_blocks
 from tokenmill.kv.block_pool import hash_block
 from tokenmill.kv.disk_tier import BLOCK_SUFFIX, DiskTier, decode_block, encode_block
+from tokenmill.kv.paged import PagedKVManager
 from tokenmill.kv.quantized import allocate_kv_cache
+from tokenmill.request import Request
 from tokenmill.sampling.params import SamplingParams
 from tokenmill.scheduler_output import EvictedBlock
 
@@ -131,6 +133,29 @@ def test_ttl_drops_disk_blocks_unused_for_longer(tmp_path):
     tier.expire()
     assert old.block_hash not in tier and recent.block_hash in tier
     assert len(files(tmp_path)) == 1 and tier.stats.expirations == 1
+    tier.close()
+
+
+def test_ttl_empties_both_tiers_through_the_kv_manager(tmp_path):
+    now = [5000.0]
+    caches = tiny_caches(num_blocks=3)
+    tier = open_tier(tmp_path, caches, cache_ttl_s=60, clock=lambda: now[0])
+    kv = PagedKVManager(3, BLOCK, cache_ttl_s=60, clock=lambda: now[0], disk_tier=tier)
+    first = Request("a", list(range(9)), SamplingParams(max_tokens=1))
+    assert kv.allocate_slots(first, 9)
+    kv.take_tier_transfers()
+    kv.free(first)  # two full blocks cached, and a partial one
+    second = Request("b", list(range(100, 105)), SamplingParams(max_tokens=1))
+    assert kv.allocate_slots(second, 5)  # evicts one of the first request's blocks
+    saves, _ = kv.take_tier_transfers()
+    tier.save(caches, saves)
+    tier.flush()
+    assert tier.num_blocks == 1 and len(kv.find_cached_prefix(first)) == 2
+    kv.free(second)
+    now[0] += 61
+    kv.expire()
+    assert tier.num_blocks == 0 and files(tmp_path) == []
+    assert kv.find_cached_prefix(first) == [] and kv.pool.cached_blocks() == []
     tier.close()
 
 

@@ -170,7 +170,7 @@ class DiskTier:
             new = [b for b in blocks if b.block_hash not in self._index]
             for block in blocks:
                 if block.block_hash in self._index:
-                    self._touch(block.block_hash, max(block.last_used, 0.0))
+                    self._touch(block.block_hash, block.last_used)
         payloads = read_blocks(caches, [b.block_id for b in new])
         with self._lock:
             for block, payload in zip(new, payloads, strict=True):
