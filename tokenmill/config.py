@@ -81,7 +81,7 @@ _MEMORY_UNITS = {
 }
 
 
-def parse_memory(value: int | str) -> int:
+def parse_memory(value: int | str, name: str = "kv_cache_memory") -> int:
     """Bytes from an int or a string such as "2GiB", "512MiB" or "1e9"."""
     if isinstance(value, int) and not isinstance(value, bool):
         amount = value
@@ -90,17 +90,15 @@ def parse_memory(value: int | str) -> int:
         number = text.rstrip("KMGIB")
         unit = text[len(number) :]
         if unit not in _MEMORY_UNITS:
-            raise ValueError(f"kv_cache_memory unit must be one of B, KiB, MiB, GiB, got {value!r}")
+            raise ValueError(f"{name} unit must be one of B, KiB, MiB, GiB, got {value!r}")
         try:
             amount = int(float(number) * _MEMORY_UNITS[unit])
         except ValueError as exc:
-            raise ValueError(
-                f"kv_cache_memory must be bytes or like '2GiB', got {value!r}"
-            ) from exc
+            raise ValueError(f"{name} must be bytes or like '2GiB', got {value!r}") from exc
     else:
-        raise ValueError(f"kv_cache_memory must be bytes or like '2GiB', got {value!r}")
+        raise ValueError(f"{name} must be bytes or like '2GiB', got {value!r}")
     if amount <= 0:
-        raise ValueError(f"kv_cache_memory must be > 0 bytes, got {value!r}")
+        raise ValueError(f"{name} must be > 0 bytes, got {value!r}")
     return amount
 
 
@@ -115,6 +113,16 @@ class EngineArgs:
     kv_cache_memory: int | str = "1GiB"
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
+    # Prefix-cache lifetimes (docs/kv-cache.md): a cached block unused for longer than
+    # prefix_cache_ttl seconds is dropped from every tier (None: kept until evicted); requests
+    # asking to retain their prompt's blocks may hold at most this fraction of the pool.
+    prefix_cache_ttl: float | None = None
+    max_retained_kv_fraction: float = 0.5
+    # The disk tier of the prefix cache (docs/kv-cache.md): evicted full blocks are written to
+    # files under kv_offload_dir, at most kv_offload_bytes of them, and loaded back on a hit.
+    # None, the baseline: an evicted prefix is recomputed.
+    kv_offload_dir: str | None = None
+    kv_offload_bytes: int | str = "8GiB"
     scheduler: str = "continuous"
     # scheduler="dynamic": a batch closes once max_num_seqs requests wait or the oldest has
     # waited this long.
@@ -176,6 +184,33 @@ class EngineArgs:
         _one_of("quantization", self.quantization, QUANTIZATION_METHODS)
         _one_of("draft_quantization", self.draft_quantization, QUANTIZATION_METHODS)
         _check_speculation(self)
+        _check_kv_tiers(self)
+
+
+def _check_kv_tiers(args: EngineArgs) -> None:
+    if args.prefix_cache_ttl is not None:
+        args.prefix_cache_ttl = _positive_seconds("prefix_cache_ttl", args.prefix_cache_ttl)
+    fraction = args.max_retained_kv_fraction
+    if not _is_number(fraction) or not 0 <= fraction <= 1:
+        raise ValueError(f"max_retained_kv_fraction must be in [0, 1], got {fraction!r}")
+    args.kv_offload_bytes = parse_memory(args.kv_offload_bytes, "kv_offload_bytes")
+    if args.kv_offload_dir is None:
+        return
+    if not isinstance(args.kv_offload_dir, str) or not args.kv_offload_dir:
+        raise ValueError(f"kv_offload_dir must be a directory path, got {args.kv_offload_dir!r}")
+    if args.kv_cache != "paged" or not args.enable_prefix_caching:
+        raise ValueError("kv_offload_dir needs kv_cache='paged' with prefix caching enabled")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _positive_seconds(name: str, value: object) -> float:
+    """A finite number of seconds > 0, else a ValueError naming `name`."""
+    if not _is_number(value) or not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+    return float(value)
 
 
 def _check_speculation(args: EngineArgs) -> None:

@@ -26,6 +26,17 @@ class LLM:
     def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
+    def close(self) -> None:
+        """Write the prefix cache's blocks the disk tier lacks (if there is one); the engine
+        then runs without it."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
     def generate(
         self,
         prompts: PromptInput | Sequence[PromptInput],

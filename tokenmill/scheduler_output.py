@@ -9,6 +9,17 @@ from tokenmill.request import Request
 
 
 @dataclass(frozen=True)
+class EvictedBlock:
+    """A cached block the KV pool is about to reuse: its KV is still in `block_id`'s slots, to
+    be saved to the disk tier under its chained hash."""
+
+    block_id: int
+    block_hash: bytes
+    token_ids: tuple[int, ...]
+    last_used: float  # clock time its last holder let it go
+
+
+@dataclass(frozen=True)
 class ScheduledRequest:
     request: Request
     num_new_tokens: int  # positions computed this step, drafts included
@@ -29,6 +40,10 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) copy-on-write
+    # The disk tier's transfers, done before the copies: evicted blocks to save, then
+    # (block hash, block id) loads.
+    kv_saves: list[EvictedBlock] = field(default_factory=list)
+    kv_loads: list[tuple[bytes, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -67,3 +67,17 @@ def test_sampled_runs_repeat_with_a_seed_and_differ_from_greedy(smollm):
         run_throughput(engine, requests, name, False, keep, temperature=temperature, seed=seed)
         runs[name] = sorted(tokens)
     assert runs["a"] == runs["b"] != runs["greedy"]
+
+
+def test_a_sessions_next_turn_is_sent_after_its_last_and_hits_its_prefix(smollm):
+    engine = LLMEngine(EngineArgs(kv_cache_memory="32MiB"), smollm)
+    first = list(range(1000, 1040))
+    requests = [BenchRequest(first, None, 2), BenchRequest([*first, 7, 8], None, 2, after=0)]
+    seen: list[str] = []
+
+    def observe(_: LLMEngine, outputs) -> None:
+        seen.extend(out.request_id for out in outputs if out.finished)
+
+    result = run_throughput(engine, requests, "turns", use_tqdm=False, on_step=observe)
+    assert [request_id.rsplit("-", 1)[1] for request_id in seen] == ["0", "1"]
+    assert result.prefix_cache_hit_rate == 32 / 82  # the second turn's two full blocks

@@ -12,6 +12,7 @@ from tokenmill.bench.workloads import (
     load_workload,
     mixed_requests,
     random_requests,
+    sessions,
     single,
 )
 
@@ -86,3 +87,16 @@ def test_mixed_requests_at_the_ends_of_the_share_are_all_one_shape():
     assert all(r.max_tokens >= 20 for r in mixed_requests(1, 20, SHORT, LONG, long_share=1))
     with pytest.raises(ValueError, match="long_share"):
         mixed_requests(1, 20, SHORT, LONG, long_share=1.5)
+
+
+def test_sessions_share_a_system_prompt_and_grow_each_history_turn_by_turn():
+    requests = sessions(num_sessions=3, turns=2, system_tokens=20, user_tokens=5, reply_tokens=4)
+    assert len(requests) == 6
+    first_turns, second_turns = requests[:3], requests[3:]
+    assert all(r.after is None for r in first_turns)
+    assert [r.after for r in second_turns] == [0, 1, 2]
+    system = first_turns[0].prompt_token_ids[:20]
+    assert all(r.prompt_token_ids[:20] == system for r in requests)
+    for first, second in zip(first_turns, second_turns, strict=True):
+        assert second.prompt_token_ids[: len(first.prompt_token_ids)] == first.prompt_token_ids
+        assert len(second.prompt_token_ids) == len(first.prompt_token_ids) + 4 + 5

@@ -194,18 +194,22 @@ async def _run(config: ServeConfig, requests: list[BenchRequest], use_tqdm: bool
             if config.max_concurrency
             else contextlib.nullcontext()
         )
+        done = [asyncio.Event() for _ in requests]  # a session's next turn waits for its last
         with tqdm(total=len(requests), desc="bench serve", disable=not use_tqdm) as bar:
             start = time.perf_counter()
 
-            async def one(request: BenchRequest, offset: float) -> RequestTrace:
+            async def one(index: int, request: BenchRequest, offset: float) -> RequestTrace:
                 await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
+                if request.after is not None:
+                    await done[request.after].wait()
                 async with gate:
                     trace = await _stream_completion(client, config, model, request)
+                done[index].set()
                 bar.update(1)
                 return trace
 
             traces = await asyncio.gather(
-                *(one(r, t) for r, t in zip(requests, offsets, strict=True))
+                *(one(i, r, t) for i, (r, t) in enumerate(zip(requests, offsets, strict=True)))
             )
             duration = time.perf_counter() - start
     return _summarize(config, model, list(traces), duration)

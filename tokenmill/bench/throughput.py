@@ -40,6 +40,7 @@ class ThroughputResult:
     max_concurrent_requests: int
     num_preemptions: int
     prefix_cache_hit_rate: float
+    prefix_cache_disk_hit_rate: float = 0.0  # prompt tokens the disk tier served, of those queried
     # Speculative decoding (all zero without it): accepted / drafted tokens, tokens per verify
     # step, and the time spent drafting and in the steps that verified.
     spec_acceptance_rate: float = 0.0
@@ -64,6 +65,7 @@ class ThroughputResult:
                 ("max concurrent requests", f"{self.max_concurrent_requests}"),
                 ("preemptions", f"{self.num_preemptions}"),
                 ("prefix-cache hit rate", f"{self.prefix_cache_hit_rate:.1%}"),
+                ("  of which from disk", f"{self.prefix_cache_disk_hit_rate:.1%}"),
                 *self._speculation_rows(),
             ]
         )
@@ -96,14 +98,23 @@ def run_throughput(
     before = dataclasses.replace(engine.scheduler.stats)  # the engine may have run before
     run_id = next(_run_ids)
     start = time.monotonic()
+    followers: dict[int, list[int]] = {}  # request index -> the requests sent once it finishes
     for index, item in enumerate(requests):
+        if item.after is not None:
+            followers.setdefault(item.after, []).append(index)
+
+    def submit(index: int) -> None:
         params = SamplingParams(
             temperature=temperature,
-            max_tokens=item.max_tokens,
+            max_tokens=requests[index].max_tokens,
             ignore_eos=True,
             seed=None if seed is None else seed + index,
         )
-        engine.add_request(f"bench-{run_id}-{index}", item.prompt_input, params)
+        engine.add_request(f"bench-{run_id}-{index}", requests[index].prompt_input, params)
+
+    for index, item in enumerate(requests):
+        if item.after is None:
+            submit(index)
     finished: list[RequestOutput] = []
     max_running = 0
     with tqdm(total=len(requests), desc=f"bench {workload}", disable=not use_tqdm) as bar:
@@ -116,6 +127,8 @@ def run_throughput(
                 if output.finished:
                     finished.append(output)
                     bar.update(1)
+                    for follower in followers.get(int(output.request_id.rsplit("-", 1)[1]), ()):
+                        submit(follower)
     elapsed = time.monotonic() - start
     prompt_tokens = sum(len(out.prompt_token_ids) for out in finished)
     output_tokens = sum(len(out.outputs[0].token_ids) for out in finished)
@@ -140,6 +153,10 @@ def run_throughput(
         max_concurrent_requests=max_running,
         num_preemptions=stats.num_preemptions - before.num_preemptions,
         prefix_cache_hit_rate=cached / max(queried, 1),
+        prefix_cache_disk_hit_rate=(
+            stats.num_prompt_tokens_from_disk - before.num_prompt_tokens_from_disk
+        )
+        / max(queried, 1),
         **_speculation_summary(before, stats),
     )
 

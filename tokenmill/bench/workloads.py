@@ -13,6 +13,9 @@ class BenchRequest:
     prompt_token_ids: list[int] | None
     prompt: str | None
     max_tokens: int
+    # The index of the request that must finish before this one is sent (a chat session's
+    # previous turn); None: sent at the start.
+    after: int | None = None
 
     @property
     def prompt_input(self) -> str | list[int]:
@@ -97,7 +100,38 @@ def chat() -> list[BenchRequest]:
     return [BenchRequest(None, chatml("Explain how a refrigerator keeps food cold."), 128)]
 
 
-BUILTIN_WORKLOADS = {"batch64": batch64, "single": single, "rewrite": rewrite, "chat": chat}
+def sessions(
+    num_sessions: int = 32,
+    turns: int = 4,
+    system_tokens: int = 1500,
+    user_tokens: int = 100,
+    reply_tokens: int = 64,
+    max_tokens: int = 32,
+) -> list[BenchRequest]:
+    """Chat sessions sharing a `system_tokens` system prompt, each with its own history growing
+    by a user message and a (fixed, random) reply per turn. Turns interleave: every session's
+    turn t, then every session's turn t + 1, each sent once its session's turn t finished.
+    A pool too small for all sessions' histories shows what the prefix cache's tiers keep."""
+    rng = random.Random(7)
+    system = random_token_ids(rng, system_tokens)
+    histories: list[list[int]] = [[] for _ in range(num_sessions)]
+    requests = []
+    for turn in range(turns):
+        for index, history in enumerate(histories):
+            history += random_token_ids(rng, user_tokens)
+            after = None if turn == 0 else (turn - 1) * num_sessions + index
+            requests.append(BenchRequest([*system, *history], None, max_tokens, after))
+            history += random_token_ids(rng, reply_tokens)
+    return requests
+
+
+BUILTIN_WORKLOADS = {
+    "batch64": batch64,
+    "single": single,
+    "rewrite": rewrite,
+    "chat": chat,
+    "sessions": sessions,
+}
 
 
 def load_workload(name: str) -> list[BenchRequest]:

@@ -39,6 +39,30 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
     )
+    group.add_argument(
+        "--prefix-cache-ttl",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="drop cached prefix blocks unused for longer, from every tier (default: never)",
+    )
+    group.add_argument(
+        "--max-retained-kv-fraction",
+        type=float,
+        default=defaults["max_retained_kv_fraction"].default,
+        help="most of the pool requests' cache.ttl retention may hold",
+    )
+    group.add_argument(
+        "--kv-offload-dir",
+        default=None,
+        metavar="PATH",
+        help="a disk tier for the prefix cache: evicted blocks are kept in files here",
+    )
+    group.add_argument(
+        "--kv-offload-bytes",
+        default=defaults["kv_offload_bytes"].default,
+        help="the disk tier's budget, bytes or e.g. 8GiB (least recently used files go first)",
+    )
     group.add_argument("--scheduler", default="continuous", choices=SCHEDULERS)
     group.add_argument(
         "--max-wait-ms",

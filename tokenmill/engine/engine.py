@@ -13,6 +13,7 @@ from typing import Any
 
 from tokenmill.config import EngineArgs, parse_dtype
 from tokenmill.engine.admission import make_admission_policy
+from tokenmill.engine.disk_tier_setup import open_disk_tier
 from tokenmill.engine.host_memory import reuse_freed_memory
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.outputs import RequestOutput
@@ -46,12 +47,16 @@ class LLMEngine:
             0 if draft is None else draft.kv_bytes_per_token(dtype)
         )
         self.num_blocks = int(args.kv_cache_memory) // (self.kv_bytes_per_token * args.block_size)
+        self.disk_tier = open_disk_tier(args, self.loaded, self.kv_bytes_per_token)
         self.kv_manager = make_kv_manager(
             args.kv_cache,
             self.num_blocks,
             args.block_size,
             args.enable_prefix_caching,
             self.max_model_len,
+            cache_ttl_s=args.prefix_cache_ttl,
+            max_retained_fraction=args.max_retained_kv_fraction,
+            disk_tier=self.disk_tier,
         )
         capacity = self.kv_manager.max_tokens_per_request
         self.max_seq_len = (
@@ -78,9 +83,11 @@ class LLMEngine:
             proposer=proposer,
             native_decode_loop=args.decode_loop == "native",
             prepack_batch_hint=args.prepack_batch_hint,
+            disk_tier=self.disk_tier,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.last_step_num_requests = 0  # requests the latest step computed (its batch size)
+        self._closed = False
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -146,6 +153,15 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
+
+    def close(self) -> None:
+        """A clean shutdown, between steps, after which the engine is not stepped again: every
+        cached full block the disk tier lacks is written, and the writes are waited for."""
+        if self.disk_tier is None or self._closed:
+            return
+        self._closed = True
+        self.runner.transfer_tier_blocks(self.kv_manager.blocks_to_persist(), [])
+        self.disk_tier.close()
 
     def _tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

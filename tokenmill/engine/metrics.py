@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from tokenmill.engine.engine import LLMEngine
 from tokenmill.engine.outputs import RequestOutput
+from tokenmill.kv.disk_tier import DiskTierStats
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 10.0)
@@ -36,6 +37,8 @@ class EngineStats:
     spec_draft_tokens: int = 0  # drafts verified (speculative decoding)
     spec_accepted_tokens: int = 0
     spec_verify_steps: int = 0
+    prefix_cache_disk_hit_tokens: int = 0  # the part of the hits the disk tier served
+    disk_tier: DiskTierStats | None = None  # None without a disk tier
 
     @classmethod
     def of(cls, engine: LLMEngine) -> EngineStats:
@@ -51,6 +54,8 @@ class EngineStats:
             spec_draft_tokens=scheduler.stats.num_draft_tokens,
             spec_accepted_tokens=scheduler.stats.num_accepted_tokens,
             spec_verify_steps=scheduler.stats.num_verify_steps,
+            prefix_cache_disk_hit_tokens=scheduler.stats.num_prompt_tokens_from_disk,
+            disk_tier=None if engine.disk_tier is None else replace(engine.disk_tier.stats),
         )
 
 
@@ -91,6 +96,12 @@ class EngineStatsCollector(Collector):
             "Prompt tokens served from the prefix cache",
             s.prefix_cache_hit_tokens,
         )
+        yield CounterMetricFamily(
+            "tokenmill_prefix_cache_disk_hits",
+            "Prompt tokens served from the prefix cache's disk tier",
+            s.prefix_cache_disk_hit_tokens,
+        )
+        yield from _disk_tier_metrics(s.disk_tier or DiskTierStats())
         queried = s.prefix_cache_queried_tokens
         yield GaugeMetricFamily(
             "tokenmill_prefix_cache_hit_rate",
@@ -112,6 +123,21 @@ class EngineStatsCollector(Collector):
             "Steps that verified drafts (mean accepted length = 1 + accepted / steps)",
             s.spec_verify_steps,
         )
+
+
+def _disk_tier_metrics(stats: DiskTierStats) -> Iterator[Metric]:
+    """The disk tier's counters (all zero without one)."""
+    described = {
+        "hits": "Blocks loaded into the KV pool from the disk tier",
+        "writes": "Block files the disk tier wrote",
+        "bytes_read": "Bytes the disk tier read",
+        "bytes_written": "Bytes the disk tier wrote",
+        "evictions": "Blocks the disk tier dropped to stay within its byte budget",
+        "expirations": "Blocks the disk tier dropped past the prefix-cache TTL",
+        "corrupt": "Damaged block files the disk tier found (recomputed, not served)",
+    }
+    for name, help_text in described.items():
+        yield CounterMetricFamily(f"tokenmill_kv_disk_tier_{name}", help_text, getattr(stats, name))
 
 
 @dataclass

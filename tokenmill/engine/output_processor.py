@@ -79,6 +79,7 @@ class ParentState:
             num_cached_tokens=first.num_cached_tokens,
             metrics=first.metrics,
             prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs),
+            num_disk_cached_tokens=first.num_disk_cached_tokens,
         )
 
 

@@ -28,8 +28,9 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
-    num_cached_tokens: int
+    num_cached_tokens: int  # prompt tokens whose KV was reused, not computed
     metrics: RequestMetrics
     # With SamplingParams.prompt_logprobs: one entry per prompt token, the first None (nothing
     # predicts it); entry i scores prompt token i given the tokens before it.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    num_disk_cached_tokens: int = 0  # the part of num_cached_tokens loaded from the disk tier

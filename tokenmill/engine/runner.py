@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from tokenmill.kv.block_pool import BlockHash, EvictedBlock
+from tokenmill.kv.disk_tier import DiskTier
 from tokenmill.kv.layout import slot_mapping
 from tokenmill.kv.quantized import KVCache, copy_cache_blocks
 from tokenmill.model.attention import AttentionMetadata
@@ -54,6 +56,7 @@ class ModelRunner:
         proposer: Proposer | None = None,
         native_decode_loop: bool = True,
         prepack_batch_hint: int | None = None,
+        disk_tier: DiskTier | None = None,
     ) -> None:
         """`kv_caches=None` runs without a KV cache: the scheduler then sends whole sequences.
         `native_decode_loop`: run decode steps' layers in one native call where the model and
@@ -67,6 +70,7 @@ class ModelRunner:
         # Every cache a copy-on-write must reach: the target's and a drafter's own.
         self.paged_caches = [*(kv_caches or ()), *(proposer.own_kv_caches if proposer else ())]
         self.block_size = block_size
+        self.disk_tier = disk_tier
         self.sampler = Sampler()
         self.rejection_sampler = RejectionSampler()
         self.proposer = proposer
@@ -74,6 +78,8 @@ class ModelRunner:
         self._prompt_logprobs_done: dict[str, int] = {}  # prompt positions already scored
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        if out.kv_saves or out.kv_loads:
+            self.transfer_tier_blocks(out.kv_saves, out.kv_loads)
         if out.block_copies:
             self.copy_blocks(out.block_copies)
         if not out.scheduled:
@@ -178,6 +184,15 @@ class ModelRunner:
         dst = torch.tensor([pair[1] for pair in copies], dtype=torch.long)
         for cache in self.paged_caches:
             copy_cache_blocks(cache, src, dst)
+
+    def transfer_tier_blocks(
+        self, saves: list[EvictedBlock], loads: list[tuple[BlockHash, int]]
+    ) -> None:
+        """Save evicted blocks' KV first (their slots may be this step's load targets), then
+        load the disk hits."""
+        assert self.disk_tier is not None
+        self.disk_tier.save(self.paged_caches, saves)
+        self.disk_tier.load(self.paged_caches, loads)
 
     def release(self, request_id: str) -> None:
         """Forget a finished request's random generator and prompt-logprob progress."""

@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tokenmill.engine.admission import AdmissionPolicy, ContinuousAdmission
-from tokenmill.kv.block_pool import KVBlock
+from tokenmill.kv.block_pool import DiskBlock, KVBlock
 from tokenmill.kv.kv_manager import KVCacheManager
 from tokenmill.request import FinishReason, Request, RequestStatus
 from tokenmill.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -50,6 +50,7 @@ class SchedulerStats:
     num_preemptions: int = 0
     num_prompt_tokens_cached: int = 0
     num_prompt_tokens_queried: int = 0
+    num_prompt_tokens_from_disk: int = 0  # the part of the cached ones the disk tier served
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_verify_steps: int = 0
@@ -99,6 +100,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        self.kv.expire()
         if self.admission.seals_batch(
             len(self.running), len(self._waiting), self._oldest_waiting_arrival()
         ):
@@ -124,6 +126,7 @@ class Scheduler:
         if self.admission.joins_running_batch and not out.preempted:
             self._admit_waiting(budget, out, speculate)
         out.block_copies = self.kv.take_block_copies()
+        out.kv_saves, out.kv_loads = self.kv.take_tier_transfers()
         return out
 
     def update(
@@ -326,6 +329,9 @@ class Scheduler:
             return []
         cached = self.kv.find_cached_prefix(request)
         request.num_computed_tokens = len(cached) * self.kv.block_size
+        if request.metrics.first_scheduled_time is None:
+            from_disk = sum(isinstance(block, DiskBlock) for block in cached)
+            request.num_disk_cached_tokens = from_disk * self.kv.block_size
         parent = self._fork_parent(request)
         num_shared = request.num_prompt_tokens - 1
         if (
@@ -335,6 +341,7 @@ class Scheduler:
         ):
             return cached
         request.num_computed_tokens = num_shared
+        request.num_disk_cached_tokens = 0
         return self.kv.shared_prompt(parent, num_shared)
 
     def _fork_parent(self, request: Request) -> Request | None:
@@ -359,6 +366,7 @@ class Scheduler:
             request.metrics.first_scheduled_time = time.monotonic()
             request.num_cached_tokens = request.num_computed_tokens
             self.stats.num_prompt_tokens_cached += request.num_computed_tokens
+            self.stats.num_prompt_tokens_from_disk += request.num_disk_cached_tokens
             self.stats.num_prompt_tokens_queried += request.num_tokens
         request.status = RequestStatus.RUNNING
         self.running.append(request)

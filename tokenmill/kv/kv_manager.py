@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from tokenmill.kv.block_pool import KVBlock
+from tokenmill.kv.block_pool import BlockHash, EvictedBlock, KVBlock
 from tokenmill.request import Request
 
 
@@ -66,6 +66,20 @@ class KVCacheManager(ABC):
     @abstractmethod
     def take_block_copies(self) -> list[tuple[int, int]]:
         """The (src, dst) block copies this step's writes need, in order; clears the list."""
+
+    def take_tier_transfers(self) -> tuple[list[EvictedBlock], list[tuple[BlockHash, int]]]:
+        """The evicted cached blocks whose KV to save to the disk tier before this step's
+        writes, and the (block hash, block id) loads from it; clears both. None by default."""
+        return [], []
+
+    def blocks_to_persist(self) -> list[EvictedBlock]:
+        """Cached blocks not yet in the disk tier, saved on a clean shutdown. None by default."""
+        return []
+
+    def expire(self) -> None:
+        """Drop cached blocks past their TTL and end retentions that ran out (once a step).
+        Nothing to do by default."""
+        return None
 
     @abstractmethod
     def trim(self, request: Request, num_tokens: int) -> None:

@@ -3,16 +3,32 @@
 from __future__ import annotations
 
 from tokenmill.kv.contiguous import ContiguousKVManager
+from tokenmill.kv.disk_tier import DiskTier
 from tokenmill.kv.kv_manager import KVCacheManager
 from tokenmill.kv.no_cache import NoKVCache
 from tokenmill.kv.paged import PagedKVManager
 
 
 def make_kv_manager(
-    mode: str, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_model_len: int
+    mode: str,
+    num_blocks: int,
+    block_size: int,
+    enable_prefix_caching: bool,
+    max_model_len: int,
+    cache_ttl_s: float | None = None,
+    max_retained_fraction: float = 0.5,
+    disk_tier: DiskTier | None = None,
 ) -> KVCacheManager:
+    """TTL, retention and the disk tier are the paged cache's (EngineArgs checks the mode)."""
     if mode == "paged":
-        return PagedKVManager(num_blocks, block_size, enable_prefix_caching)
+        return PagedKVManager(
+            num_blocks,
+            block_size,
+            enable_prefix_caching,
+            cache_ttl_s=cache_ttl_s,
+            max_retained_fraction=max_retained_fraction,
+            disk_tier=disk_tier,
+        )
     if mode == "contiguous":
         return ContiguousKVManager(num_blocks, block_size, max_model_len)
     if mode == "none":

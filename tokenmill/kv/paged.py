@@ -6,13 +6,28 @@ sibling forks from its parent, the last of which may be partial. Before a reques
 in a block somebody else also holds, `allocate_slots` gives it a private copy (copy-on-write):
 the block table points at a fresh block and `(src, dst)` is recorded for the runner to copy
 before the step's forward pass.
+
+With a disk tier (kv/disk_tier.py), a prefix lookup continues past the pool's hits with the
+consecutive blocks the tier holds (`DiskBlock`s); taking them over allocates a fresh block for
+each and records `(block hash, block id)` for the runner to load. The cached blocks the pool
+evicts are recorded too, for the runner to save before their slots are reused
+(`take_tier_transfers`). Retention and the prefix-cache TTL live in the pool.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
-from tokenmill.kv.block_pool import BlockPool, KVBlock, hash_block
+from tokenmill.kv.block_pool import (
+    BlockHash,
+    BlockPool,
+    DiskBlock,
+    EvictedBlock,
+    KVBlock,
+    hash_block,
+)
+from tokenmill.kv.disk_tier import DiskTier
 from tokenmill.kv.kv_manager import KVCacheManager
 from tokenmill.request import Request
 
@@ -21,13 +36,32 @@ class PagedKVManager(KVCacheManager):
     shares_blocks = True
 
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        cache_ttl_s: float | None = None,
+        max_retained_fraction: float = 0.5,
+        clock: Callable[[], float] = time.time,
+        disk_tier: DiskTier | None = None,
     ) -> None:
+        """`cache_ttl_s`, `max_retained_fraction`, `clock`: see BlockPool's TTL and retention;
+        `disk_tier`: where evicted cached blocks go, and prefix lookups continue."""
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
+        self.pool = BlockPool(
+            num_blocks,
+            enable_caching=enable_prefix_caching,
+            cache_ttl_s=cache_ttl_s,
+            max_retained_blocks=int(max_retained_fraction * num_blocks),
+            clock=clock,
+            record_evictions=disk_tier is not None,
+        )
+        self.disk_tier = disk_tier
         self._tables: dict[str, list[KVBlock]] = {}
         self._num_published: dict[str, int] = {}  # leading blocks already in the prefix cache
         self._block_copies: list[tuple[int, int]] = []  # (src, dst) owed by this step's writes
+        self._disk_loads: list[tuple[BlockHash, int]] = []  # (hash, block id) to load this step
+        self._published_this_step: set[BlockHash] = set()  # their KV is not computed yet
 
     @property
     def num_blocks(self) -> int:
@@ -54,6 +88,17 @@ class PagedKVManager(KVCacheManager):
             if block is None:
                 break
             hits.append(block)
+        if self.disk_tier is not None:
+            hits += self._disk_hits(request, len(hits), max_blocks)
+        return hits
+
+    def _disk_hits(self, request: Request, start: int, stop: int) -> list[KVBlock]:
+        hits: list[KVBlock] = []
+        for i in range(start, stop):
+            tokens = tuple(request.all_token_ids[i * self.block_size : (i + 1) * self.block_size])
+            if not self.disk_tier.lookup(request.block_hashes[i], tokens):
+                break
+            hits.append(DiskBlock(block_hash=request.block_hashes[i], token_ids=tokens))
         return hits
 
     def shared_prompt(self, parent: Request, num_tokens: int) -> list[KVBlock]:
@@ -72,11 +117,12 @@ class PagedKVManager(KVCacheManager):
         span = max(num_after, self._reserved_tokens())
         held = [*table, *cached_prefix]
         needed = max(-(-span // self.block_size) - len(held), 0)
-        revived = sum(1 for block in cached_prefix if block.ref_count == 0)
+        revived = sum(1 for block in cached_prefix if block.ref_count == 0)  # DiskBlocks too
         shared = self._shared_blocks_written(held, len(table), request, num_after)
         if needed + len(shared) > self.pool.num_free_blocks - revived:
             return False
-        self.pool.acquire(cached_prefix)
+        self.pool.acquire(block for block in cached_prefix if not isinstance(block, DiskBlock))
+        held = [*table, *self._take_from_disk(cached_prefix)]
         table = [*held, *self.pool.allocate(needed)]
         for index in shared:
             table[index] = self._copy_on_write(table[index])
@@ -87,6 +133,50 @@ class PagedKVManager(KVCacheManager):
     def take_block_copies(self) -> list[tuple[int, int]]:
         copies, self._block_copies = self._block_copies, []
         return copies
+
+    def take_tier_transfers(self) -> tuple[list[EvictedBlock], list[tuple[BlockHash, int]]]:
+        """The cached blocks this step's allocations evicted (to save first: blocks cached in
+        this same step have no KV yet and are left out) and the disk blocks to load."""
+        saves = [
+            block
+            for block in self.pool.take_evicted()
+            if block.block_hash not in self._published_this_step
+        ]
+        loads, self._disk_loads = self._disk_loads, []
+        self._published_this_step.clear()
+        if self.disk_tier is not None:
+            self.disk_tier.unstage(keep=[h for h, _ in loads], max_blocks=self.num_blocks)
+        return saves, loads
+
+    def blocks_to_persist(self) -> list[EvictedBlock]:
+        """Every cached block the disk tier does not hold yet (for a clean shutdown)."""
+        if self.disk_tier is None:
+            return []
+        return [
+            EvictedBlock(block.block_id, block.block_hash, block.token_ids, block.last_used)
+            for block in self.pool.cached_blocks()
+            if block.block_hash not in self.disk_tier
+        ]
+
+    def expire(self) -> None:
+        self.pool.expire()
+        if self.disk_tier is not None:
+            self.disk_tier.expire()
+
+    def _take_from_disk(self, blocks: Sequence[KVBlock]) -> list[KVBlock]:
+        """`blocks` with each DiskBlock replaced by a fresh pool block that the runner loads
+        its KV into, cached under its hash at once."""
+        disk = [block for block in blocks if isinstance(block, DiskBlock)]
+        fresh = iter(self.pool.allocate(len(disk)))
+        taken = []
+        for block in blocks:
+            if isinstance(block, DiskBlock):
+                target = next(fresh)
+                self._disk_loads.append((block.block_hash, target.block_id))
+                self.pool.cache(target, block.block_hash, block.token_ids)
+                block = target
+            taken.append(block)
+        return taken
 
     def trim(self, request: Request, num_tokens: int) -> None:
         """Never below the span reserved at admission."""
@@ -105,6 +195,9 @@ class PagedKVManager(KVCacheManager):
     def free(self, request: Request) -> None:
         table = self._tables.pop(request.request_id, [])
         self._num_published.pop(request.request_id, None)
+        if request.params.cache_ttl is not None:
+            prompt_blocks = table[: request.num_prompt_tokens // self.block_size]
+            self.pool.retain(prompt_blocks, self.pool.clock() + request.params.cache_ttl)
         self._release(table)
 
     def _release(self, blocks: list[KVBlock]) -> None:
@@ -143,7 +236,10 @@ class PagedKVManager(KVCacheManager):
         start = self._num_published.get(request.request_id, 0)
         for i in range(start, full):
             tokens = request.all_token_ids[i * self.block_size : (i + 1) * self.block_size]
+            was_cached = table[i].block_hash is not None
             self.pool.cache(table[i], request.block_hashes[i], tokens)
+            if not was_cached and table[i].block_hash is not None:
+                self._published_this_step.add(table[i].block_hash)
         self._num_published[request.request_id] = max(start, full)
 
     def _extend_block_hashes(self, request: Request, num_blocks: int) -> None:

@@ -94,6 +94,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Keep this prompt's cached prefix blocks for at least this many seconds after use
+    # (bounded by the engine's max_retained_kv_fraction); None: plain LRU caching.
+    cache_ttl: float | None = None
 
     def __post_init__(self) -> None:
         self.n = _int_in("n", self.n, ">= 1", lambda n: n >= 1)
@@ -129,6 +132,8 @@ class SamplingParams:
             setattr(self, name, value)
         self.logprobs = _optional_logprobs("logprobs", self.logprobs)
         self.prompt_logprobs = _optional_logprobs("prompt_logprobs", self.prompt_logprobs)
+        if self.cache_ttl is not None:
+            self.cache_ttl = _float_in("cache_ttl", self.cache_ttl, "> 0 or None", lambda t: t > 0)
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")

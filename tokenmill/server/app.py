@@ -72,6 +72,7 @@ def build_app(
             yield
         finally:
             await async_engine.shutdown()
+            engine.close()  # the disk tier, if any, writes the cached blocks it lacks
 
     app = FastAPI(title="tokenmill", lifespan=lifespan)
     app.state.serving = ctx

@@ -13,7 +13,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from tokenmill.engine.async_engine import RequestStream
-from tokenmill.engine.outputs import CompletionOutput
+from tokenmill.engine.outputs import CompletionOutput, RequestOutput
 from tokenmill.sampling.params import MAX_LOGPROBS
 from tokenmill.server.errors import bad_request
 from tokenmill.server.logprobs import chat_logprobs
@@ -110,7 +110,7 @@ async def create_chat_completion(
         created=job.created,
         model=ctx.model_name,
         choices=choices,
-        usage=usage([prompt], num_tokens),
+        usage=usage([prompt], num_tokens, [output]),
     )
     return JSONResponse(response.model_dump())
 
@@ -121,6 +121,7 @@ async def _stream(job: _Job, stream: RequestStream) -> AsyncIterator[str]:
     sent_chars = [0] * job.n
     sent_tokens = [0] * job.n
     num_tokens = 0
+    last: list[RequestOutput] = []
     try:
         opening = [
             ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
@@ -141,9 +142,10 @@ async def _stream(job: _Job, stream: RequestStream) -> AsyncIterator[str]:
                 sent_chars[out.index], sent_tokens[out.index] = len(out.text), len(out.token_ids)
                 yield sse(job.chunk([choice]), exclude)
             num_tokens = sum(len(out.token_ids) for out in output.outputs)
+            last = [output]
         if include_usage:
             final = job.chunk([])
-            final.usage = usage([job.prompt], num_tokens)
+            final.usage = usage([job.prompt], num_tokens, last)
             yield sse(final)
     except Exception as exc:
         yield sse_error(exc)

@@ -165,7 +165,7 @@ async def create_completion(
         created=job.created,
         model=ctx.model_name,
         choices=sorted(choices, key=lambda c: c.index),
-        usage=usage(prompts, fmt.num_tokens(outputs)),
+        usage=usage(prompts, fmt.num_tokens(outputs), outputs),
     )
     return JSONResponse(response.model_dump())
 
@@ -191,7 +191,7 @@ async def _stream(job: _Job, streams: list[RequestStream]) -> AsyncIterator[str]
                 created=job.created,
                 model=job.ctx.model_name,
                 choices=[],
-                usage=usage(job.prompts, tokens),
+                usage=usage(job.prompts, tokens, list(finals.values())),
             )
             yield sse(chunk)
     except Exception as exc:

@@ -22,6 +22,13 @@ class StreamOptions(RequestModel):
     include_usage: bool | None = False
 
 
+class CacheOptions(RequestModel):
+    """`"cache": {"ttl": 300}`: keep this prompt's cached prefix for at least `ttl` seconds
+    after use (within the server's --max-retained-kv-fraction)."""
+
+    ttl: float | None = None
+
+
 class SamplingFields(RequestModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -43,6 +50,7 @@ class SamplingFields(RequestModel):
     include_stop_str_in_output: bool | None = False
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    cache: CacheOptions | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -101,10 +109,15 @@ class DetokenizeRequest(RequestModel):
 # --- responses ---------------------------------------------------------------------------
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (any tier)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
 class CompletionLogprobs(BaseModel):

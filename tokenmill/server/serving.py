@@ -31,7 +31,13 @@ from tokenmill.engine.outputs import RequestOutput
 from tokenmill.loader.tokenizer import Tokenizer
 from tokenmill.sampling.params import SamplingParams
 from tokenmill.server.errors import APIError, bad_request, internal_error, param_named_in
-from tokenmill.server.protocol import ChatMessage, ErrorResponse, SamplingFields, Usage
+from tokenmill.server.protocol import (
+    ChatMessage,
+    ErrorResponse,
+    PromptTokensDetails,
+    SamplingFields,
+    Usage,
+)
 
 MAX_N = 16
 """Most completions one request may ask for per prompt."""
@@ -117,6 +123,7 @@ def sampling_params(
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "logprobs": logprobs,
         "prompt_logprobs": prompt_logprobs,
+        "cache_ttl": _cache_ttl(req),
     }
     try:  # a null field takes SamplingParams' default; null max_tokens means "to the context"
         return SamplingParams(
@@ -124,6 +131,13 @@ def sampling_params(
         )
     except ValueError as exc:
         raise bad_request(str(exc), param_named_in(str(exc), _SAMPLING_FIELDS, None)) from exc
+
+
+def _cache_ttl(req: SamplingFields) -> float | None:
+    ttl = None if req.cache is None else req.cache.ttl
+    if ttl is not None and not 0 < ttl < float("inf"):
+        raise bad_request(f"cache.ttl must be a number of seconds > 0, got {ttl}", "cache")
+    return ttl
 
 
 def check_fits(ctx: ServingContext, prompt: Prompt, max_tokens: int | None, param: str) -> None:
@@ -249,12 +263,18 @@ async def _wait_for_disconnect(request: Request) -> None:
         pass
 
 
-def usage(prompts: Sequence[Prompt], completion_tokens: int) -> Usage:
+def usage(
+    prompts: Sequence[Prompt], completion_tokens: int, outputs: Sequence[RequestOutput] = ()
+) -> Usage:
+    """Token counts; `outputs` (one per prompt) tell how many prompt tokens were cached."""
     prompt_tokens = sum(len(p.token_ids) for p in prompts)
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(
+            cached_tokens=sum(output.num_cached_tokens for output in outputs)
+        ),
     )
 
 

@@ -13,7 +13,9 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root or /v1")
     serve.add_argument(
-        "--workload", default="batch64", help="batch64, single, or a JSONL file of requests"
+        "--workload",
+        default="batch64",
+        help="batch64, single, rewrite, chat, sessions, or a JSONL file of requests",
     )
     serve.add_argument(
         "--model",

@@ -13,7 +13,9 @@ from tokenmill.engine.engine import LLMEngine
 def add_parser(kinds: argparse._SubParsersAction) -> None:
     throughput = kinds.add_parser("throughput", help="offline throughput and latency")
     throughput.add_argument(
-        "--workload", default="batch64", help="batch64, single, or a JSONL file of requests"
+        "--workload",
+        default="batch64",
+        help="batch64, single, rewrite, chat, sessions, or a JSONL file of requests",
     )
     throughput.add_argument("--json", default=None, help="also write the result as JSON here")
     throughput.add_argument(
@@ -35,6 +37,7 @@ def run(ns: argparse.Namespace) -> int:
     args = engine_args_from(ns)
     engine = LLMEngine(args)
     result = run_throughput(engine, requests, ns.workload, temperature=ns.temperature, seed=ns.seed)
+    engine.close()  # a disk tier keeps the cached blocks for the next run on its directory
     print(result.table())
     if ns.json:
         payload = {"benchmark": "throughput", "engine_args": dataclasses.asdict(args)}
