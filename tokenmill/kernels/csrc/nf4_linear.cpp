@@ -63,9 +63,9 @@ struct Nf4Weight {
   int64_t n, k, row_bytes, groups, group_size;
 
   const uint8_t* row(int64_t r) const { return codes + r * row_bytes; }
-  // Row r's absmax for the unit of 64 inputs starting at input k0.
-  float absmax(int64_t r, int64_t k0) const {
-    const int64_t i = r * groups + k0 / group_size;
+  // Row r's absmax of group g.
+  float absmax(int64_t r, int64_t g) const {
+    const int64_t i = r * groups + g;
     const float scaled = second[1 + qabsmax[i]] * second[1 + kMapEntries + i / kSecondBlock];
     return scaled + second[0];
   }
@@ -106,10 +106,12 @@ void dot_tile(const Nf4Weight& w, const float* x, int64_t m0, int64_t n0,
   int64_t rows[kWeightRows];
   for (int j = 0; j < kWeightRows; ++j) rows[j] = std::min<int64_t>(n0 + j, w.n - 1);
   const float* xs = x + m0 * w.k;
-  for (int64_t k0 = 0; k0 < w.k; k0 += kUnit) {
+  // The group index advances without a division: a unit of 64 never spans two groups.
+  for (int64_t k0 = 0, g = 0, group_end = w.group_size; k0 < w.k; k0 += kUnit) {
+    if (k0 == group_end) ++g, group_end += w.group_size;
     const int64_t left = w.k - k0;
     for (int j = 0; j < kWeightRows; ++j) {
-      const __m256 scale = _mm256_set1_ps(w.absmax(rows[j], k0));
+      const __m256 scale = _mm256_set1_ps(w.absmax(rows[j], g));
       const uint8_t* p = w.row(rows[j]) + k0 / 2;
       for (int q = 0; q < 4; ++q) {
         __m256 low, high;
@@ -148,10 +150,11 @@ template <int XRows>
   int64_t rows[kWeightRows];
   for (int j = 0; j < kWeightRows; ++j) rows[j] = std::min<int64_t>(n0 + j, w.n - 1);
   const float* xs = x + m0 * w.k;
-  for (int64_t k0 = 0; k0 < w.k; k0 += kUnit) {
+  for (int64_t k0 = 0, g = 0, group_end = w.group_size; k0 < w.k; k0 += kUnit) {
+    if (k0 == group_end) ++g, group_end += w.group_size;
     const int64_t left = w.k - k0;
     for (int j = 0; j < kWeightRows; ++j) {
-      const __m512 scale = _mm512_set1_ps(w.absmax(rows[j], k0));
+      const __m512 scale = _mm512_set1_ps(w.absmax(rows[j], g));
       const uint8_t* p = w.row(rows[j]) + k0 / 2;
       for (int q = 0; q < 2; ++q) {
         const __m512i b =
