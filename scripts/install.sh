@@ -10,6 +10,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # torch is pinned to the CPU wheel 2.13.0 in pyproject.toml; never let it float.
+# bitsandbytes, the tests' NF4 reference, first and without its dependencies (torch among them).
+.venv/bin/python -m pip install --quiet --no-deps bitsandbytes==0.50.2
 .venv/bin/python -m pip install --quiet -e ".[test]"
 # The playground's browser tests: Debian's chromium and its driver (CI runs as root on Debian;
 # skipped when chromium is already there), and selenium pinned in pyproject's browser-test

@@ -62,7 +62,17 @@ KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 # "dynamic" seal a batch and run it to completion (dynamic waits up to max_wait_ms to fill it).
 SCHEDULERS = ("continuous", "static", "dynamic")
 # Weight quantization methods by name (tokenmill/quant/registry.py holds their implementations).
-QUANTIZATION_METHODS = ("none", "int8", "int4", "gguf", "gptq", "awq", "smoothquant", "fp8")
+QUANTIZATION_METHODS = (
+    "none",
+    "int8",
+    "int4",
+    "gguf",
+    "gptq",
+    "awq",
+    "smoothquant",
+    "fp8",
+    "nf4",
+)
 DECODE_LOOPS = ("native", "python")
 SPECULATIVE_METHODS = ("ngram", "draft", "eagle")
 # How a draft model picks a sampled request's drafts: "argmax" (the baseline) keeps a seeded

@@ -19,7 +19,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--group-size",
         type=int,
         default=None,
-        help="inputs per scale: 32, 64 or 128 (int4 default 32; int8 default per channel)",
+        help="inputs per scale: 32, 64 or 128 (int4 default 32, nf4 64; int8 per channel)",
     )
     quantize.add_argument(
         "--calib-samples",

@@ -16,6 +16,7 @@ from tokenmill.kernels import extension
 from tokenmill.kernels.dispatch import native_or, no_native_kernel
 from tokenmill.kernels.extension import bfloat16_linear_available
 from tokenmill.kernels.float_linear import PREPACKED_MAX_ROWS, SKINNY_MAX_ROWS
+from tokenmill.kernels.nf4_linear import NF4_KERNEL_MAX_ROWS
 from tokenmill.kernels.quant_linear import INT4, INT8, QUANT_KERNEL_MAX_ROWS, IntegerFormat
 from tokenmill.kernels.quant_panels import QuantPanels
 
@@ -115,6 +116,8 @@ def linear_kernel_max_rows(kernel: Any) -> int:
     and a bfloat16 one, take what the packed products take."""
     if (kernel.kind == "float32" and kernel.has_packed) or kernel.kind == "bfloat16":
         return PREPACKED_MAX_ROWS
+    if kernel.kind == "nf4":
+        return NF4_KERNEL_MAX_ROWS
     return SKINNY_MAX_ROWS if kernel.kind in ("float32", "fp8") else QUANT_KERNEL_MAX_ROWS
 
 

@@ -4,9 +4,9 @@ loads and takes its inputs, else its pure-PyTorch reference (`*_reference`, whic
 compare against); `dispatch.native_or` is that rule, `extension` the loading.
 
 The ops live in modules by job: `float_linear`, `quant_panels`, `quant_linear`, `fp8_linear`,
-`attention`, `kv_store`, `quantized_kv`, `elementwise`, `decode_loop`. This module only gathers
-them; tunables are read (and patched) in the module that owns them. `ops._NATIVE` is
-`extension.NATIVE`, read and set through here: setting it to None switches every op to its
+`nf4_linear`, `attention`, `kv_store`, `quantized_kv`, `elementwise`, `decode_loop`. This module
+only gathers them; tunables are read (and patched) in the module that owns them. `ops._NATIVE`
+is `extension.NATIVE`, read and set through here: setting it to None switches every op to its
 reference.
 """
 
@@ -69,6 +69,19 @@ from tokenmill.kernels.fp8_linear import (
     fp8_linear_reference,
 )
 from tokenmill.kernels.kv_store import gather_blocks, store_kv, store_kv_reference
+from tokenmill.kernels.nf4_linear import (
+    NF4_KERNEL_MAX_ROWS,
+    NF4_UNIT,
+    NF4_VALUES,
+    dequantize_absmax,
+    dequantize_nf4,
+    dequantize_nf4_reference,
+    dynamic_map,
+    nf4_linear,
+    nf4_linear_kernel,
+    nf4_linear_reference,
+    second_level,
+)
 from tokenmill.kernels.quant_linear import (
     DEQUANTIZE_TILE_WEIGHTS,
     INT4_WEIGHT_ACTIVATION_BITS,
@@ -114,6 +127,9 @@ __all__ = [
     "INT8_WEIGHT_ACTIVATION_BITS",
     "INTEL_CPU",
     "KV_CODE_MAX",
+    "NF4_KERNEL_MAX_ROWS",
+    "NF4_UNIT",
+    "NF4_VALUES",
     "PANEL_ROWS",
     "PREPACKED_MAX_ROWS",
     "QUANT_BLOCK",
@@ -129,6 +145,7 @@ __all__ = [
     "bfloat16_linear_kernel",
     "decode_loop",
     "decoder_layer_weights",
+    "dequantize_absmax",
     "dequantize_fp8",
     "dequantize_fp8_reference",
     "dequantize_int4",
@@ -136,6 +153,9 @@ __all__ = [
     "dequantize_int8",
     "dequantize_int8_reference",
     "dequantize_kv_reference",
+    "dequantize_nf4",
+    "dequantize_nf4_reference",
+    "dynamic_map",
     "float32_linear_kernel",
     "fp8_linear",
     "fp8_linear_kernel",
@@ -154,6 +174,9 @@ __all__ = [
     "linear",
     "linear_kernel_max_rows",
     "linear_reference",
+    "nf4_linear",
+    "nf4_linear_kernel",
+    "nf4_linear_reference",
     "pack_int4_panels",
     "pack_int8_panels",
     "paged_decode_attention",
@@ -169,6 +192,7 @@ __all__ = [
     "rotary_embedding_reference",
     "row_argmax",
     "row_argmax_reference",
+    "second_level",
     "silu_and_mul",
     "silu_and_mul_reference",
     "store_kv",

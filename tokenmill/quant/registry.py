@@ -19,6 +19,7 @@ from tokenmill.quant.gptq import GPTQMethod
 from tokenmill.quant.int4 import Int4Method
 from tokenmill.quant.int8 import Int8Method
 from tokenmill.quant.method import NoQuantization, QuantMethod
+from tokenmill.quant.nf4 import Nf4Method
 from tokenmill.quant.smoothquant import SmoothQuantMethod
 from tokenmill.quant.weight_source import WeightSource
 
@@ -31,6 +32,7 @@ QUANT_METHODS: dict[str, type[QuantMethod]] = {
     AWQMethod.name: AWQMethod,
     SmoothQuantMethod.name: SmoothQuantMethod,
     Fp8Method.name: Fp8Method,
+    Nf4Method.name: Nf4Method,
 }
 
 

@@ -90,6 +90,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize_int4", &tokenmill::dequantize_int4, "int4 weight to float32 [N, K]",
         py::arg("qweight"), py::arg("scales"), py::arg("mins"), py::arg("group_size"),
         py::arg("in_features"), py::call_guard<py::gil_scoped_release>());
+  m.def("nf4_linear", &tokenmill::nf4_linear,
+        "y = x W^T + b, W NF4 codes with double-quantized absmax (ops.nf4_linear)", py::arg("x"),
+        py::arg("codes"), py::arg("qabsmax"), py::arg("second"), py::arg("group_size"),
+        py::arg("bias"), py::call_guard<py::gil_scoped_release>());
+  m.def("dequantize_nf4", &tokenmill::dequantize_nf4,
+        "NF4 codes to float32 [N, K], given each group's absmax as float32 [N, groups]",
+        py::arg("codes"), py::arg("absmax"), py::arg("group_size"),
+        py::arg("in_features"), py::call_guard<py::gil_scoped_release>());
   m.def("quantize_activations", &tokenmill::quantize_activations,
         "float32 rows to int8/int16 blocks of 32: (values, scales, scale * sum of values)",
         py::arg("x"), py::arg("bits"), py::call_guard<py::gil_scoped_release>());
@@ -110,6 +118,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                    return "fp8";
                                  case LinearKernel::Kind::kBfloat16:
                                    return "bfloat16";
+                                 case LinearKernel::Kind::kNf4:
+                                   return "nf4";
                                  default:
                                    return "float32";
                                }
@@ -123,7 +133,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_static("fp8", &LinearKernel::fp8, py::arg("qweight"), py::arg("scales"),
                   py::arg("bias"))
       .def_static("bfloat16", &LinearKernel::bfloat16, py::arg("packed"), py::arg("n"),
-                  py::arg("bias"));
+                  py::arg("bias"))
+      .def_static("nf4", &LinearKernel::nf4, py::arg("codes"), py::arg("qabsmax"),
+                  py::arg("second"), py::arg("group_size"), py::arg("bias"));
   using OptionalTensor = std::optional<at::Tensor>;
   py::class_<tokenmill::DecoderLayerWeights>(m, "DecoderLayerWeights")
       .def(py::init([](at::Tensor input_norm, LinearKernel qkv, LinearKernel o,

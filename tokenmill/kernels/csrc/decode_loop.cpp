@@ -58,6 +58,13 @@ LinearKernel LinearKernel::bfloat16(at::Tensor packed, int64_t n,
   return {Kind::kBfloat16, std::move(packed), {}, {}, 0, std::move(bias), {}, n};
 }
 
+LinearKernel LinearKernel::nf4(at::Tensor codes, at::Tensor qabsmax, at::Tensor second,
+                               int64_t group_size, std::optional<at::Tensor> bias) {
+  const int64_t n = codes.size(0);
+  return {Kind::kNf4,     std::move(codes), std::move(qabsmax), std::move(second), group_size,
+          std::move(bias), {},              n};
+}
+
 void LinearKernel::check(const std::string& name, int64_t k, int64_t n) const {
   const char* op = name.c_str();
   TORCH_CHECK(out_features == n, op, ": has ", out_features, " outputs, the model needs ", n);
@@ -81,6 +88,8 @@ void LinearKernel::check(const std::string& name, int64_t k, int64_t n) const {
       return;
     case Kind::kBfloat16:
       return check_bfloat16_linear_weight(op, weight, n, k);
+    case Kind::kNf4:
+      return check_nf4_weight(op, weight, scales, mins, n, k, group_size);
   }
 }
 
@@ -93,6 +102,7 @@ int64_t LinearKernel::scratch_bytes(int64_t m, int64_t k) const {
     case Kind::kInt4:
       return int4_linear_scratch_bytes(m, k);
     case Kind::kFp8:
+    case Kind::kNf4:
       return 0;
     case Kind::kBfloat16:
       return bfloat16_linear_scratch_bytes(m, k);
@@ -114,6 +124,8 @@ void LinearKernel::run(const at::Tensor& x, const at::Tensor& y, void* scratch) 
       return fp8_linear_team(x, weight, scales, b, y);
     case Kind::kBfloat16:
       return bfloat16_linear_team(x, weight, b, y, scratch);
+    case Kind::kNf4:
+      return nf4_linear_team(x, weight, scales, mins, group_size, b, y);
   }
 }
 

@@ -53,6 +53,12 @@ at::Tensor dequantize_int8(const at::Tensor& qweight, const at::Tensor& scales,
                            int64_t group_size, int64_t in_features);
 at::Tensor dequantize_int4(const at::Tensor& qweight, const at::Tensor& scales,
                            const at::Tensor& mins, int64_t group_size, int64_t in_features);
+// NF4 codes with double-quantized absmax (nf4_linear.cpp: layout and `second`).
+at::Tensor nf4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& qabsmax,
+                      const at::Tensor& second, int64_t group_size,
+                      const std::optional<at::Tensor>& bias);
+at::Tensor dequantize_nf4(const at::Tensor& codes, const at::Tensor& absmax, int64_t group_size,
+                          int64_t in_features);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x,
                                                                     int64_t bits);
 }  // namespace tokenmill

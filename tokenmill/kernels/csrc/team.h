@@ -45,6 +45,8 @@ void check_int8_panels(const char* op, const at::Tensor& values, const at::Tenso
                        int64_t n, int64_t k, int64_t group_size);
 void check_int4_panels(const char* op, const at::Tensor& values, const at::Tensor& scales,
                        const at::Tensor& mins, int64_t n, int64_t k, int64_t group_size);
+void check_nf4_weight(const char* op, const at::Tensor& codes, const at::Tensor& qabsmax,
+                      const at::Tensor& second, int64_t n, int64_t k, int64_t group_size);
 
 // out [rows, d] = RMSNorm of x's rows of d values, x being [rows, d] or [T, heads, d] with each
 // row contiguous and any token stride (q or k heads in the merged qkv output). With a residual
@@ -102,5 +104,9 @@ void int8_linear_team(const at::Tensor& x, const at::Tensor& values, const at::T
 void int4_linear_team(const at::Tensor& x, const at::Tensor& values, const at::Tensor& scales,
                       const at::Tensor& mins, int64_t group_size, const float* bias,
                       const at::Tensor& y, void* scratch);
+
+void nf4_linear_team(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& qabsmax,
+                     const at::Tensor& second, int64_t group_size, const float* bias,
+                     const at::Tensor& y);
 
 }  // namespace tokenmill
