@@ -5,6 +5,7 @@
 
 #include "decode_loop.h"
 #include "kernels.h"
+#include "kquant.h"
 
 // The GIL is released while a kernel runs, as torch's own operators do, so other Python
 // threads (the server's event loop) keep going.
@@ -90,6 +91,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize_int4", &tokenmill::dequantize_int4, "int4 weight to float32 [N, K]",
         py::arg("qweight"), py::arg("scales"), py::arg("mins"), py::arg("group_size"),
         py::arg("in_features"), py::call_guard<py::gil_scoped_release>());
+  m.def("q6_k_linear", &tokenmill::q6_k_linear,
+        "y = x W^T + b, W Q6_K in panels of 8 rows (ops.pack_q6_k_panels), n = W's rows",
+        py::arg("x"), py::arg("values"), py::arg("sub_scales"), py::arg("super_scales"),
+        py::arg("n"), py::arg("bias"), py::call_guard<py::gil_scoped_release>());
   m.def("quantize_activations", &tokenmill::quantize_activations,
         "float32 rows to int8/int16 blocks of 32: (values, scales, scale * sum of values)",
         py::arg("x"), py::arg("bits"), py::call_guard<py::gil_scoped_release>());
@@ -110,6 +115,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                    return "fp8";
                                  case LinearKernel::Kind::kBfloat16:
                                    return "bfloat16";
+                                 case LinearKernel::Kind::kQ6K:
+                                   return "q6_k";
                                  default:
                                    return "float32";
                                }
@@ -123,7 +130,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_static("fp8", &LinearKernel::fp8, py::arg("qweight"), py::arg("scales"),
                   py::arg("bias"))
       .def_static("bfloat16", &LinearKernel::bfloat16, py::arg("packed"), py::arg("n"),
-                  py::arg("bias"));
+                  py::arg("bias"))
+      .def_static("q6_k", &LinearKernel::q6_k, py::arg("values"), py::arg("sub_scales"),
+                  py::arg("super_scales"), py::arg("n"), py::arg("bias"));
   using OptionalTensor = std::optional<at::Tensor>;
   py::class_<tokenmill::DecoderLayerWeights>(m, "DecoderLayerWeights")
       .def(py::init([](at::Tensor input_norm, LinearKernel qkv, LinearKernel o,

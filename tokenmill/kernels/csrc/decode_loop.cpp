@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "kquant.h"
 #include "quant.h"
 #include "team.h"
 
@@ -58,6 +59,13 @@ LinearKernel LinearKernel::bfloat16(at::Tensor packed, int64_t n,
   return {Kind::kBfloat16, std::move(packed), {}, {}, 0, std::move(bias), {}, n};
 }
 
+LinearKernel LinearKernel::q6_k(at::Tensor values, at::Tensor sub_scales,
+                               at::Tensor super_scales, int64_t n,
+                               std::optional<at::Tensor> bias) {
+  return {Kind::kQ6K, std::move(values), std::move(sub_scales), std::move(super_scales), 0,
+          std::move(bias), {}, n};
+}
+
 void LinearKernel::check(const std::string& name, int64_t k, int64_t n) const {
   const char* op = name.c_str();
   TORCH_CHECK(out_features == n, op, ": has ", out_features, " outputs, the model needs ", n);
@@ -81,6 +89,8 @@ void LinearKernel::check(const std::string& name, int64_t k, int64_t n) const {
       return;
     case Kind::kBfloat16:
       return check_bfloat16_linear_weight(op, weight, n, k);
+    case Kind::kQ6K:
+      return check_q6_k_panels(op, weight, scales, mins, n, k);
   }
 }
 
@@ -96,6 +106,8 @@ int64_t LinearKernel::scratch_bytes(int64_t m, int64_t k) const {
       return 0;
     case Kind::kBfloat16:
       return bfloat16_linear_scratch_bytes(m, k);
+    case Kind::kQ6K:
+      return q6_k_linear_scratch_bytes(m, k);
   }
   return 0;
 }
@@ -114,6 +126,8 @@ void LinearKernel::run(const at::Tensor& x, const at::Tensor& y, void* scratch) 
       return fp8_linear_team(x, weight, scales, b, y);
     case Kind::kBfloat16:
       return bfloat16_linear_team(x, weight, b, y, scratch);
+    case Kind::kQ6K:
+      return q6_k_linear_team(x, weight, scales, mins, b, y, scratch);
   }
 }
 

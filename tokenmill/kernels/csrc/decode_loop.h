@@ -19,12 +19,13 @@ namespace tokenmill {
 // product. A bfloat16 model's layers run on AMX tiles or AVX512-BF16 (pack_bfloat16_weight's
 // copy).
 struct LinearKernel {
-  enum class Kind { kFloat32, kInt8, kInt4, kFp8, kBfloat16 };
+  enum class Kind { kFloat32, kInt8, kInt4, kFp8, kBfloat16, kQ6K };
 
   Kind kind;
-  at::Tensor weight;  // float32 [N, K], fp8 codes [N, K], int8 / int4 panels, or bfloat16 B tiles
-  at::Tensor scales;
-  at::Tensor mins;
+  // float32 [N, K], fp8 codes [N, K], int8 / int4 / Q6_K panels, or bfloat16 B tiles
+  at::Tensor weight;
+  at::Tensor scales;  // Q6_K: the sub-block scales
+  at::Tensor mins;    // Q6_K: the super-block scales
   int64_t group_size;
   std::optional<at::Tensor> bias;  // float32 (a bfloat16 layer's, widened once)
   at::Tensor packed;     // float32's packed copy; undefined: none
@@ -38,6 +39,8 @@ struct LinearKernel {
                            int64_t group_size, std::optional<at::Tensor> bias);
   static LinearKernel fp8(at::Tensor qweight, at::Tensor scales, std::optional<at::Tensor> bias);
   static LinearKernel bfloat16(at::Tensor packed, int64_t n, std::optional<at::Tensor> bias);
+  static LinearKernel q6_k(at::Tensor values, at::Tensor sub_scales, at::Tensor super_scales,
+                           int64_t n, std::optional<at::Tensor> bias);
 
   // Throws unless the weights hold n outputs of k inputs; `name` says which layer.
   void check(const std::string& name, int64_t k, int64_t n) const;
