@@ -1,4 +1,5 @@
-"""The Q6_K kernel against its torch reference, and the reference's own activation rounding.
+"""The Q6_K kernel (with and without the mins of the q5_k layout) against its torch reference,
+and the reference's own activation rounding.
 
 Bounds (max |a - b| / max |b| over each output), as for the int8 kernels
 (tests/kernels/test_quant_linear.py): native vs reference 1e-5 (integer half-block sums are
@@ -27,25 +28,29 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def random_q6_k(
-    n: int, k: int, gen: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    qweight = torch.randint(-32, 32, (n, k), dtype=torch.int8, generator=gen)
+    n: int, k: int, gen: torch.Generator, with_mins: bool = False
+) -> tuple[torch.Tensor, ...]:
+    """(qweight, sub_scales, super_scales, mins or None); with mins, Q5_K-like codes 0..31."""
+    low, high = (0, 32) if with_mins else (-32, 32)
+    qweight = torch.randint(low, high, (n, k), dtype=torch.int8, generator=gen)
     sub_scales = torch.randint(-128, 128, (n, k // 16), dtype=torch.int8, generator=gen)
     super_scales = (torch.rand(n, k // 256, generator=gen) * 1e-3 + 1e-5).half()
-    return qweight, sub_scales, super_scales
+    mins = -torch.rand(n, k // 32, generator=gen) * 0.1 if with_mins else None
+    return qweight, sub_scales, super_scales, mins
 
 
 @needs_native
 @pytest.mark.parametrize(("n", "k"), [(8, 256), (13, 512), (640, 2048)])
-def test_native_q6_k_linear_matches_reference(n: int, k: int) -> None:
+@pytest.mark.parametrize("with_mins", [False, True], ids=["q6_k", "q5_k"])
+def test_native_q6_k_linear_matches_reference(n: int, k: int, with_mins: bool) -> None:
     gen = torch.Generator().manual_seed(n + k)
-    weight = random_q6_k(n, k, gen)
+    weight = random_q6_k(n, k, gen, with_mins)
     bias = torch.randn(n, generator=gen)
     panels = ops.pack_q6_k_panels(*weight)
     for rows in ROWS:
         x = torch.randn(rows, k, generator=gen)
-        expected = ops.q6_k_linear_reference(x, *weight, bias)
-        assert relative_error(ops.q6_k_linear(x, *weight, bias, panels), expected) < (
+        expected = ops.q6_k_linear_reference(x, *weight, bias=bias)
+        assert relative_error(ops.q6_k_linear(x, *weight, bias=bias, panels=panels), expected) < (
             KERNEL_MAX_RELATIVE_ERROR
         )
         assert relative_error(ops.q6_k_linear(x, *weight), expected - bias) < (
@@ -53,9 +58,10 @@ def test_native_q6_k_linear_matches_reference(n: int, k: int) -> None:
         )
 
 
-def test_activation_rounding_stays_within_its_bound() -> None:
+@pytest.mark.parametrize("with_mins", [False, True], ids=["q6_k", "q5_k"])
+def test_activation_rounding_stays_within_its_bound(with_mins: bool) -> None:
     gen = torch.Generator().manual_seed(0)
-    weight = random_q6_k(64, 1024, gen)
+    weight = random_q6_k(64, 1024, gen, with_mins)
     x = torch.randn(4, 1024, generator=gen)
     exact = F.linear(x, ops.dequantize_q6_k_reference(*weight))
     assert relative_error(ops.q6_k_linear_reference(x, *weight), exact) < (
@@ -75,6 +81,19 @@ def test_each_half_block_has_its_own_scale() -> None:
     torch.testing.assert_close(y[:, 0], expected, rtol=1e-6, atol=0)
 
 
+def test_a_min_adds_itself_times_the_sum_of_its_blocks_inputs() -> None:
+    qweight = torch.zeros(1, 256, dtype=torch.int8)
+    sub_scales = torch.ones(1, 16, dtype=torch.int8)
+    super_scales = torch.ones(1, 1, dtype=torch.float16)
+    mins = torch.zeros(1, 8)
+    mins[0, 3] = -0.25
+    x = torch.zeros(1, 256)
+    x[0, 96:128] = 2.0  # block 3
+    x[0, :32] = 5.0  # block 0, whose min is 0
+    y = ops.q6_k_linear(x, qweight, sub_scales, super_scales, mins)
+    torch.testing.assert_close(y, torch.tensor([[-0.25 * 64]]), rtol=1e-6, atol=0)
+
+
 def test_leading_dimensions_are_kept() -> None:
     weight = random_q6_k(16, 256, torch.Generator().manual_seed(1))
     assert ops.q6_k_linear(torch.randn(2, 3, 256), *weight).shape == (2, 3, 16)
@@ -88,6 +107,11 @@ def test_native_kernel_rejects_inconsistent_shapes() -> None:
         ops._NATIVE.q6_k_linear(torch.randn(1, 256), *panels.tensors(), 16, None)
     with pytest.raises(RuntimeError, match="multiple of 256 inputs"):
         ops._NATIVE.q6_k_linear(torch.randn(1, 320), *panels.tensors(), 16, None)
+    values, sub_scales, super_scales, _ = panels.tensors()
+    with pytest.raises(RuntimeError, match="mins must be contiguous float32"):
+        ops._NATIVE.q6_k_linear(
+            torch.randn(1, 512), values, sub_scales, super_scales, torch.zeros(2, 8, 8), 16, None
+        )
 
 
 @needs_native

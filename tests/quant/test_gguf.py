@@ -101,19 +101,26 @@ def plan_with_types(path: Path, model: torch.nn.Module, types: dict[str, GGMLQua
 
 
 def test_types_without_a_kernel_stay_float_with_one_log_line(smollm_path, smollm, caplog) -> None:
-    q5_k = {f"blk.{i}.ffn_down.weight": Q.Q5_K for i in range(4)}
+    q3_k = {f"blk.{i}.ffn_down.weight": Q.Q3_K for i in range(4)}
     with caplog.at_level(logging.WARNING, logger="tokenmill.quant.gguf"):
-        plan = plan_with_types(smollm_path, smollm.model, q5_k)
+        plan = plan_with_types(smollm_path, smollm.model, q3_k)
     assert "layers.0.mlp.down_proj" not in plan
     assert plan["layers.4.mlp.down_proj"] == {"kind": "int4", "group_size": 32}
     [record] = caplog.records
-    assert "4 linear(s) of Q5_K tensors" in record.getMessage()
+    assert "4 linear(s) of Q3_K tensors" in record.getMessage()
 
 
 def test_a_merged_linear_whose_parts_repack_differently_stays_float(smollm_path, smollm) -> None:
     plan = plan_with_types(smollm_path, smollm.model, {"blk.0.attn_k.weight": Q.Q6_K})
     assert "layers.0.self_attn.qkv_proj" not in plan  # q and v are Q4_1 (int4), k is Q6_K
     assert plan["layers.1.self_attn.qkv_proj"] == {"kind": "int4", "group_size": 32}
+
+
+def test_parts_of_several_k_quant_types_merge_in_the_q5_k_layout(smollm_path, smollm) -> None:
+    types = {"blk.0.attn_q.weight": Q.Q4_K, "blk.0.attn_k.weight": Q.Q4_K}
+    types["blk.0.attn_v.weight"] = Q.Q6_K
+    plan = plan_with_types(smollm_path, smollm.model, types)
+    assert plan["layers.0.self_attn.qkv_proj"] == {"kind": "q5_k"}
 
 
 def test_q5_0_and_q8_0_parts_merge_into_one_int8_linear(smollm_path, smollm) -> None:

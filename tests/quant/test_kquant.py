@@ -21,7 +21,7 @@ from tokenmill.kernels import ops
 from tokenmill.loader.gguf_file import GGUFFile, TensorInfo
 from tokenmill.model.layers import Linear
 from tokenmill.quant.gguf import _FORMATS, repack_blocks
-from tokenmill.quant.kquant import Q4KLinear, Q6KLinear
+from tokenmill.quant.kquant import Q4KLinear, Q5KLinear, Q6KLinear
 from tokenmill.quant.linear import QuantLinear, empty_quant_linear
 
 Q = GGMLQuantizationType
@@ -56,7 +56,7 @@ def dequantized_repack(packed: dict[str, torch.Tensor], k: int) -> torch.Tensor:
     """The weight the repacked tensors stand for, by each format's torch reference."""
     if "super_scales" in packed:
         return ops.dequantize_q6_k_reference(
-            packed["qweight"], packed["sub_scales"], packed["super_scales"]
+            packed["qweight"], packed["sub_scales"], packed["super_scales"], packed.get("mins")
         )
     if "mins" in packed:
         return ops.dequantize_int4_reference(
@@ -73,11 +73,15 @@ def assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
 
 
 def layer_of(
-    qtype: GGMLQuantizationType, packed: dict[str, torch.Tensor], in_features: int
+    qtype: GGMLQuantizationType,
+    packed: dict[str, torch.Tensor],
+    in_features: int,
+    kind: str | None = None,
 ) -> QuantLinear:
-    """The layer the gguf method builds for `qtype`, holding `packed`."""
+    """The layer the gguf method builds for `qtype` (or of `kind`), holding `packed`."""
     out_features = packed["qweight"].shape[0]
-    layer = empty_quant_linear(_FORMATS[qtype], Linear(in_features, out_features, bias=False))
+    fmt = {"kind": kind} if kind else _FORMATS[qtype]
+    layer = empty_quant_linear(fmt, Linear(in_features, out_features, bias=False))
     with torch.no_grad():
         for name, tensor in packed.items():
             getattr(layer, name).copy_(tensor)
@@ -93,13 +97,25 @@ def test_real_blocks_repack_to_exactly_the_gguf_dequantization(gemma_file, qtype
     assert_bitwise_equal(dequantized_repack(packed, info.shape[-1]), expected)
 
 
-@pytest.mark.parametrize("qtype", REPACKED_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [*REPACKED_TYPES, Q.Q5_K], ids=lambda t: t.name)
 def test_random_blocks_repack_exactly_even_with_inf_and_nan_scales(qtype) -> None:
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(int(qtype))
     raw = rng.integers(0, 256, size=16 * 2 * type_size, dtype=np.uint8)
     shape = (16, 2 * block_size)
     packed = repack_blocks(raw, qtype, shape)
+    assert_bitwise_equal(dequantized_repack(packed, shape[1]), gguf_dequantized(raw, qtype, shape))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
+def test_every_k_quant_repacks_exactly_into_the_q5_k_layout(qtype) -> None:
+    """The layout a linear merged from parts of several k-quant types takes."""
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(int(qtype) + 1)
+    raw = rng.integers(0, 256, size=8 * 2 * type_size, dtype=np.uint8)
+    shape = (8, 2 * block_size)
+    packed = repack_blocks(raw, qtype, shape, Q5KLinear.kind)
+    assert set(packed) == {"qweight", "sub_scales", "super_scales", "mins"}
     assert_bitwise_equal(dequantized_repack(packed, shape[1]), gguf_dequantized(raw, qtype, shape))
 
 
@@ -124,21 +140,24 @@ def test_layers_multiply_real_weights_like_the_dequantized_fp32_product(gemma_fi
         )
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
-def test_layers_multiply_random_super_blocks_like_the_dequantized_fp32_product(qtype):
+@pytest.mark.parametrize(
+    ("qtype", "kind"),
+    [(Q.Q4_K, None), (Q.Q6_K, None), (Q.Q5_K, None), (Q.Q4_K, "q5_k"), (Q.Q6_K, "q5_k")],
+)
+def test_layers_multiply_random_super_blocks_like_the_dequantized_fp32_product(qtype, kind):
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(7)
     n, supers = 24, 3
     blocks = rng.integers(0, 256, size=(n * supers, type_size), dtype=np.uint8)
-    scale_bytes = [0, 2] if qtype == Q.Q4_K else [type_size - 2]  # d (and dmin): sane fp16
+    scale_bytes = [type_size - 2] if qtype == Q.Q6_K else [0, 2]  # d (and dmin): sane fp16
     for offset in scale_bytes:
         blocks[:, offset : offset + 2] = (
             (rng.random(n * supers) * 1e-2 + 1e-4).astype(np.float16).view(np.uint8).reshape(-1, 2)
         )
     raw, shape = blocks.reshape(-1), (n, supers * block_size)
-    layer = layer_of(qtype, repack_blocks(raw, qtype, shape), shape[1])
+    layer = layer_of(qtype, repack_blocks(raw, qtype, shape, kind), shape[1], kind)
     dense = gguf_dequantized(raw, qtype, shape)
-    bits = 8 if qtype == Q.Q4_K else 16
+    bits = 8 if qtype == Q.Q4_K and kind is None else 16  # int4 kernels round x to int8
     gen = torch.Generator().manual_seed(8)
     for rows in ROWS:
         x = torch.randn(rows, shape[1], generator=gen)
@@ -149,6 +168,6 @@ def test_layers_multiply_random_super_blocks_like_the_dequantized_fp32_product(q
 
 
 def test_k_quant_layers_need_whole_super_blocks() -> None:
-    for cls in (Q4KLinear, Q6KLinear):
+    for cls in (Q4KLinear, Q5KLinear, Q6KLinear):
         with pytest.raises(ValueError, match="super-blocks of 256"):
             cls(320, 8, bias=False)

@@ -2,7 +2,9 @@
 with q in -32..31, an int8 scale s per 16 inputs and an fp16 scale d per 256.
 
 Row-major form (tokenmill.quant.kquant holds it; K a multiple of 256):
-  qweight int8 [N, K], sub_scales int8 [N, K / 16], super_scales float16 [N, K / 256].
+  qweight int8 [N, K], sub_scales int8 [N, K / 16], super_scales float16 [N, K / 256], and
+  optionally mins float32 [N, K / 32]: w = d * s * q + min, which holds Q5_K's codes 0..31 and
+  Q4_K's 0..15 exactly too (their 6-bit scale s repeated over a block's two halves).
 The native kernel (csrc/kquant_linear.cpp) reads a copy in panels of 8 rows (`pack_q6_k_panels`):
 the codes as `pack_int8_panels` lays out int8 weights, the scales as [panels, groups, 8].
 
@@ -28,7 +30,7 @@ from tokenmill.kernels.quant_linear import (
     quantized_fits,
     tiled_dequantized_linear,
 )
-from tokenmill.kernels.quant_panels import PANEL_ROWS, pack_int8_panels
+from tokenmill.kernels.quant_panels import PANEL_ROWS, QUANT_BLOCK, pack_int8_panels
 
 Q6_K_SUPER_BLOCK = 256
 Q6_K_SUB_BLOCK = 16
@@ -40,10 +42,13 @@ class Q6KPanels(NamedTuple):
     values: torch.Tensor  # uint8 [panels, K / 32 * 256], `pack_int8_panels`' layout
     sub_scales: torch.Tensor  # int8 [panels, K / 16, PANEL_ROWS]
     super_scales: torch.Tensor  # float16 [panels, K / 256, PANEL_ROWS]
+    mins: torch.Tensor | None  # float32 [panels, K / 32, PANEL_ROWS]
     out_features: int
 
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        return self.values, self.sub_scales, self.super_scales
+    def tensors(self) -> tuple[torch.Tensor | None, ...]:
+        """values, sub_scales, super_scales and mins (None: none), as the native kernel takes
+        them."""
+        return self.values, self.sub_scales, self.super_scales, self.mins
 
 
 def _by_panel(per_group: torch.Tensor) -> torch.Tensor:
@@ -53,19 +58,35 @@ def _by_panel(per_group: torch.Tensor) -> torch.Tensor:
 
 
 def pack_q6_k_panels(
-    qweight: torch.Tensor, sub_scales: torch.Tensor, super_scales: torch.Tensor
+    qweight: torch.Tensor,
+    sub_scales: torch.Tensor,
+    super_scales: torch.Tensor,
+    mins: torch.Tensor | None = None,
 ) -> Q6KPanels:
     values = pack_int8_panels(qweight, sub_scales[:, :1]).values
-    return Q6KPanels(values, _by_panel(sub_scales), _by_panel(super_scales), qweight.shape[0])
+    return Q6KPanels(
+        values,
+        _by_panel(sub_scales),
+        _by_panel(super_scales),
+        None if mins is None else _by_panel(mins),
+        qweight.shape[0],
+    )
 
 
 def dequantize_q6_k_reference(
-    qweight: torch.Tensor, sub_scales: torch.Tensor, super_scales: torch.Tensor
+    qweight: torch.Tensor,
+    sub_scales: torch.Tensor,
+    super_scales: torch.Tensor,
+    mins: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The fp32 weight [N, K]: d * s rounded to fp32 once, then times q, as `gguf.quants` does."""
+    """The fp32 weight [N, K]: d * s rounded to fp32 once, times q, plus the min, as
+    `gguf.quants` computes Q6_K (and, min = -(dmin * m), Q4_K and Q5_K)."""
     per_super = super_scales.float().repeat_interleave(Q6_K_SUPER_BLOCK // Q6_K_SUB_BLOCK, dim=1)
     scales = per_super * sub_scales.float()
-    return qweight.float() * scales.repeat_interleave(Q6_K_SUB_BLOCK, dim=1)
+    values = qweight.float() * scales.repeat_interleave(Q6_K_SUB_BLOCK, dim=1)
+    if mins is not None:
+        values = values + mins.float().repeat_interleave(QUANT_BLOCK, dim=1)
+    return values
 
 
 def q6_k_linear_reference(
@@ -73,10 +94,11 @@ def q6_k_linear_reference(
     qweight: torch.Tensor,
     sub_scales: torch.Tensor,
     super_scales: torch.Tensor,
+    mins: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     panels: Q6KPanels | None = None,
 ) -> torch.Tensor:
-    dense = dequantize_q6_k_reference(qweight, sub_scales, super_scales)
+    dense = dequantize_q6_k_reference(qweight, sub_scales, super_scales, mins)
     x = kernel_activations(x, INT8_WEIGHT_ACTIVATION_BITS)
     return F.linear(x, dense.to(x.dtype), None if bias is None else bias.to(x.dtype))
 
@@ -86,6 +108,7 @@ def _q6_k_linear_fits(
     qweight: torch.Tensor,
     sub_scales: torch.Tensor,
     super_scales: torch.Tensor,
+    mins: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     panels: Q6KPanels | None = None,
 ) -> bool:
@@ -99,19 +122,23 @@ def q6_k_linear(
     qweight: torch.Tensor,
     sub_scales: torch.Tensor,
     super_scales: torch.Tensor,
+    mins: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     panels: Q6KPanels | None = None,
 ) -> torch.Tensor:
-    """`F.linear(x, w, bias)` for the Q6_K weight w = (qweight, sub_scales, super_scales);
-    x: [..., K]. Up to QUANT_KERNEL_MAX_ROWS rows of x: the panel kernel on `panels` (packed
-    here when not given); wider: torch's GEMM on the weight dequantized a tile at a time."""
+    """`F.linear(x, w, bias)` for the Q6_K weight w = (qweight, sub_scales, super_scales,
+    mins); x: [..., K]. Up to QUANT_KERNEL_MAX_ROWS rows of x: the panel kernel on `panels`
+    (packed here when not given); wider: torch's GEMM on the weight dequantized a tile at a
+    time."""
     flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if flat.shape[0] > QUANT_KERNEL_MAX_ROWS:
-        weight = (qweight, sub_scales, super_scales)
-        rows = lambda part: dequantize_q6_k_reference(*(t[part] for t in weight))  # noqa: E731
+        weight = (qweight, sub_scales, super_scales, mins)
+        rows = lambda part: dequantize_q6_k_reference(  # noqa: E731
+            *(None if t is None else t[part] for t in weight)
+        )
         return tiled_dequantized_linear(flat, x.shape, qweight.shape[0], rows, bias)
     if panels is None:
-        panels = pack_q6_k_panels(qweight, sub_scales, super_scales)
+        panels = pack_q6_k_panels(qweight, sub_scales, super_scales, mins)
     out = native.q6_k_linear(flat, *panels.tensors(), panels.out_features, bias)
     return out if x.dim() == 2 else out.view(*x.shape[:-1], qweight.shape[0])
 

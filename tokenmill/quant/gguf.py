@@ -5,11 +5,12 @@ Each block type repacks losslessly into a kernel format (the dequantized bits ar
   Q5_0 (fp16 d, 5-bit q; w = d(q-16))             -> int8 in groups of 32: q - 16 and d;
   Q4_1 (fp16 d, fp16 m, 16 bytes of nibbles)      -> int4: scale d, min m;
   Q4_0 (fp16 d, 16 bytes of nibbles; w = d(q-8))  -> int4: scale d, min -8d (exact in fp16);
-  Q4_K, Q6_K (super-blocks of 256)                -> their own layers (tokenmill.quant.kquant).
+  Q4_K, Q5_K, Q6_K (super-blocks of 256)          -> their own layers (tokenmill.quant.kquant).
 GGUF packs value j and j + 16 of a Q4_0 / Q4_1 block into byte j; the int4 kernel wants 64
 values per 32 bytes, so those nibbles are regrouped (Q4_K's already are). A linear merged from
 several tensors (q/k/v, gate/up) runs natively when its parts repack to one format (Q5_0 and
-Q8_0 both become int8, say); a linear with a type no kernel reads, or parts of two formats, stays
+Q8_0 both become int8, say), and parts of several k-quant types take the q5_k layout, which
+holds each exactly; a linear with a type no kernel reads, or other parts of two formats, stays
 fp32, dequantized as without quantization, and the load logs one line naming the types. A tied
 LM head reads the token embedding's blocks (llama.cpp does the same), while the embedding table
 itself is dequantized for lookups.
@@ -30,7 +31,7 @@ from tokenmill.config import ModelConfig
 from tokenmill.model.layers import Linear
 from tokenmill.model.weights import checkpoint_target
 from tokenmill.quant.int4 import pack_int4
-from tokenmill.quant.kquant import Q4KLinear, Q6KLinear
+from tokenmill.quant.kquant import Q4KLinear, Q5KLinear, Q6KLinear
 from tokenmill.quant.linear import LM_HEAD, empty_quant_linear, replace_linears
 from tokenmill.quant.method import QuantMethod
 from tokenmill.quant.weight_source import GGUFBlocks, GGUFTensor, GGUFTensorReader, WeightSource
@@ -44,8 +45,11 @@ _FORMATS: dict[GGMLQuantizationType, dict[str, Any]] = {
     GGMLQuantizationType.Q4_0: _INT4,
     GGMLQuantizationType.Q4_1: _INT4,
     GGMLQuantizationType.Q4_K: {"kind": Q4KLinear.kind},
+    GGMLQuantizationType.Q5_K: {"kind": Q5KLinear.kind},
     GGMLQuantizationType.Q6_K: {"kind": Q6KLinear.kind},
 }
+# The k-quants, whose rows the q5_k layout holds alike.
+_K_QUANTS = {GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K}
 EMBEDDING = "model.embed_tokens.weight"
 
 logger = logging.getLogger(__name__)
@@ -88,6 +92,8 @@ def plan_gguf_linears(
         formats = {tuple(_FORMATS[t].items()) if t in _FORMATS else None for t in sources[name]}
         if len(formats) == 1 and None not in formats:
             plan[name] = _FORMATS[next(iter(sources[name]))]
+        elif sources[name] <= _K_QUANTS:
+            plan[name] = _FORMATS[GGMLQuantizationType.Q5_K]
         else:
             unread[" + ".join(sorted(t.name for t in sources[name]))].append(name)
     for types, names in unread.items():
@@ -105,31 +111,34 @@ def packed_tensor_reader(
 ) -> GGUFTensorReader:
     """For `gguf.weights`: repacked blocks for the planned linears, dequantized tensors else."""
 
-    def packed(tensor: GGUFTensor, prefix: str) -> dict[str, torch.Tensor]:
-        tensors = repack_blocks(gguf.raw_bytes(tensor), tensor.qtype, tensor.shape)
+    def packed(tensor: GGUFTensor, prefix: str, kind: str) -> dict[str, torch.Tensor]:
+        tensors = repack_blocks(gguf.raw_bytes(tensor), tensor.qtype, tensor.shape, kind)
         return {prefix + name: packed for name, packed in tensors.items()}
 
     def read(hf_name: str, tensor: GGUFTensor) -> dict[str, torch.Tensor]:
         target, _ = checkpoint_target(config, hf_name)
-        if target.endswith(".weight") and target.removesuffix(".weight") in plan:
-            tensors = packed(tensor, hf_name.removesuffix("weight"))
+        module = target.removesuffix(".weight")
+        if target.endswith(".weight") and module in plan:
+            tensors = packed(tensor, hf_name.removesuffix("weight"), plan[module]["kind"])
         else:
             tensors = {hf_name: gguf.dequantize(tensor)}
         if hf_name == EMBEDDING and config.tie_word_embeddings and LM_HEAD in plan:
-            tensors.update(packed(tensor, f"{LM_HEAD}."))
+            tensors.update(packed(tensor, f"{LM_HEAD}.", plan[LM_HEAD]["kind"]))
         return tensors
 
     return read
 
 
 def repack_blocks(
-    raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, ...]
+    raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, ...], kind: str | None = None
 ) -> dict[str, torch.Tensor]:
-    """The tensors of the layer `_FORMATS[qtype]` names (qweight, scales and so on) holding the
-    tensor of `shape` whose bytes are `raw`."""
+    """The tensors of the layer of `kind` (default: the one `_FORMATS[qtype]` names) holding
+    the tensor of `shape` whose bytes are `raw`: qweight, scales and so on."""
     rows = int(np.prod(shape[:-1]))
     _, type_size = GGML_QUANT_SIZES[qtype]
     blocks = torch.from_numpy(np.array(raw)).view(rows, -1, type_size)
+    if (kind or _FORMATS[qtype]["kind"]) == Q5KLinear.kind:
+        return _repack_q5_k_layout(blocks, qtype)
     if qtype == GGMLQuantizationType.Q4_K:
         return _repack_q4_k(blocks)
     if qtype == GGMLQuantizationType.Q6_K:
@@ -153,21 +162,62 @@ def repack_blocks(
     return {"qweight": pack_int4(codes), "scales": scales, "mins": mins}
 
 
+def _k_scales_mins(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's and Q5_K's eight 6-bit scales s and mins m per super-block, from bytes 4-15:
+    uint8 [rows, super-blocks, 8] each. Bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2
+    bits of scales 4-7; bytes 4-7 the same for mins; bytes 8-11 the low 4 bits of scales 4-7
+    (low nibble) and mins 4-7."""
+    first, second, tail = blocks[:, :, 4:16].unflatten(-1, (3, 4)).unbind(dim=2)
+    s = torch.cat((first & 0x3F, (tail & 0x0F) | ((first >> 2) & 0x30)), dim=-1)
+    m = torch.cat((second & 0x3F, (tail >> 4) | ((second >> 2) & 0x30)), dim=-1)
+    return s, m
+
+
+def _k_mins(blocks: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Per group of 32, the min -(dmin * m) in fp32, as the dequantization rounds it."""
+    return -(_f16_field(blocks, 2).float()[..., None] * m.float()).view(blocks.shape[0], -1)
+
+
 def _repack_q4_k(blocks: torch.Tensor) -> dict[str, torch.Tensor]:
     """Super-block of 256: fp16 d and dmin, 12 bytes of 6-bit scales s and mins m, 128 bytes of
     nibbles, each 64 values as 32 bytes, low nibbles first: the int4 layout already. Per group
     of 32, scale d * s and min -(dmin * m) in fp32, as the dequantization rounds them."""
     rows = blocks.shape[0]
-    first, second, tail = blocks[:, :, 4:16].unflatten(-1, (3, 4)).unbind(dim=2)
-    # Bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2 bits of scales 4-7; bytes 4-7 the
-    # same for mins; bytes 8-11 the low 4 bits of scales 4-7 (low nibble) and mins 4-7.
-    s = torch.cat((first & 0x3F, (tail & 0x0F) | ((first >> 2) & 0x30)), dim=-1)
-    m = torch.cat((second & 0x3F, (tail >> 4) | ((second >> 2) & 0x30)), dim=-1)
-    d, dmin = _f16_field(blocks, 0).float(), _f16_field(blocks, 2).float()
+    s, m = _k_scales_mins(blocks)
+    d = _f16_field(blocks, 0).float()
     return {
         "qweight": blocks[:, :, 16:].reshape(rows, -1),
         "scales": (d[..., None] * s.float()).view(rows, -1),
-        "mins": -(dmin[..., None] * m.float()).view(rows, -1),
+        "mins": _k_mins(blocks, m),
+    }
+
+
+def _repack_q5_k_layout(
+    blocks: torch.Tensor, qtype: GGMLQuantizationType
+) -> dict[str, torch.Tensor]:
+    """A Q4_K, Q5_K or Q6_K tensor in the q5_k layout: codes as int8, an int8 scale per 16
+    (Q4_K's and Q5_K's 6-bit s twice), fp16 d per 256 and an fp32 min per 32 (-0 for Q6_K)."""
+    rows, supers, _ = blocks.shape
+    if qtype == GGMLQuantizationType.Q6_K:
+        tensors = _repack_q6_k(blocks)
+        # -0.0 adds nothing to any value, a negative zero included (+0.0 would turn it positive).
+        return {**tensors, "mins": torch.full((rows, supers * 8), -0.0)}
+    if qtype == GGMLQuantizationType.Q4_K:
+        q = _nibble_halves(blocks[:, :, 16:].reshape(rows, supers, 4, 32))
+    elif qtype == GGMLQuantizationType.Q5_K:
+        # 128 bytes of nibbles as Q4_K's at byte 48; bit b of byte 16 + i is the fifth bit of
+        # value i of group b.
+        low = _nibble_halves(blocks[:, :, 48:].reshape(rows, supers, 4, 32))
+        fifth = (blocks[:, :, None, 16:48] >> torch.arange(8, dtype=torch.uint8)[:, None]) & 1
+        q = low.reshape(rows, supers, 8, 32) | (fifth << 4)
+    else:
+        raise ValueError(f"{qtype.name} blocks have no q5_k layout")
+    s, m = _k_scales_mins(blocks)
+    return {
+        "qweight": q.reshape(rows, -1).view(torch.int8),
+        "sub_scales": s.repeat_interleave(2, dim=-1).view(torch.int8).reshape(rows, -1),
+        "super_scales": _f16_field(blocks, 0),
+        "mins": _k_mins(blocks, m),
     }
 
 

@@ -63,20 +63,39 @@ class Q6KLinear(PanelQuantLinear):
             torch.zeros(out_features, in_features // K_SUPER_BLOCK, dtype=torch.float16)
         )
 
-    def _tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
         return self.qweight, self.sub_scales, self.super_scales
 
+    def _weight(self) -> tuple[torch.Tensor | None, ...]:
+        """(qweight, sub_scales, super_scales, mins or None), as the Q6_K ops take them."""
+        tensors = self._tensors()
+        return tensors if len(tensors) == 4 else (*tensors, None)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.q6_k_linear(x, *self._tensors(), self.bias, self.panels())
+        return ops.q6_k_linear(x, *self._weight(), self.bias, self.panels())
 
     def panels(self) -> ops.Q6KPanels | None:
-        return self._panels.get(self._tensors(), lambda: ops.pack_q6_k_panels(*self._tensors()))
+        return self._panels.get(self._tensors(), lambda: ops.pack_q6_k_panels(*self._weight()))
 
     def native_kernel(self) -> object | None:
         return ops.q6_k_linear_kernel(self.panels(), self.bias)
 
     def dequantize(self) -> torch.Tensor:
-        return ops.dequantize_q6_k_reference(*self._tensors())
+        return ops.dequantize_q6_k_reference(*self._weight())
 
     def format(self) -> dict[str, Any]:
         return {"kind": self.kind}
+
+
+@register_quant_linear
+class Q5KLinear(Q6KLinear):
+    """Q6KLinear's codes and scales plus an fp32 min per 32 inputs: w = d * s * q + min."""
+
+    kind = "q5_k"
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__(in_features, out_features, bias)
+        self.mins = frozen(torch.zeros(out_features, in_features // Q4_K_GROUP))
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.qweight, self.sub_scales, self.super_scales, self.mins

@@ -94,7 +94,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q6_k_linear", &tokenmill::q6_k_linear,
         "y = x W^T + b, W Q6_K in panels of 8 rows (ops.pack_q6_k_panels), n = W's rows",
         py::arg("x"), py::arg("values"), py::arg("sub_scales"), py::arg("super_scales"),
-        py::arg("n"), py::arg("bias"), py::call_guard<py::gil_scoped_release>());
+        py::arg("mins"), py::arg("n"), py::arg("bias"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("quantize_activations", &tokenmill::quantize_activations,
         "float32 rows to int8/int16 blocks of 32: (values, scales, scale * sum of values)",
         py::arg("x"), py::arg("bits"), py::call_guard<py::gil_scoped_release>());
@@ -132,7 +133,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_static("bfloat16", &LinearKernel::bfloat16, py::arg("packed"), py::arg("n"),
                   py::arg("bias"))
       .def_static("q6_k", &LinearKernel::q6_k, py::arg("values"), py::arg("sub_scales"),
-                  py::arg("super_scales"), py::arg("n"), py::arg("bias"));
+                  py::arg("super_scales"), py::arg("mins"), py::arg("n"), py::arg("bias"));
   using OptionalTensor = std::optional<at::Tensor>;
   py::class_<tokenmill::DecoderLayerWeights>(m, "DecoderLayerWeights")
       .def(py::init([](at::Tensor input_norm, LinearKernel qkv, LinearKernel o,

@@ -60,10 +60,11 @@ LinearKernel LinearKernel::bfloat16(at::Tensor packed, int64_t n,
 }
 
 LinearKernel LinearKernel::q6_k(at::Tensor values, at::Tensor sub_scales,
-                               at::Tensor super_scales, int64_t n,
-                               std::optional<at::Tensor> bias) {
-  return {Kind::kQ6K, std::move(values), std::move(sub_scales), std::move(super_scales), 0,
-          std::move(bias), {}, n};
+                               at::Tensor super_scales, std::optional<at::Tensor> mins,
+                               int64_t n, std::optional<at::Tensor> bias) {
+  return {Kind::kQ6K,      std::move(values), std::move(sub_scales), mins.value_or(at::Tensor()),
+          0,               std::move(bias),   {},                    n,
+          std::move(super_scales)};
 }
 
 void LinearKernel::check(const std::string& name, int64_t k, int64_t n) const {
@@ -90,7 +91,7 @@ void LinearKernel::check(const std::string& name, int64_t k, int64_t n) const {
     case Kind::kBfloat16:
       return check_bfloat16_linear_weight(op, weight, n, k);
     case Kind::kQ6K:
-      return check_q6_k_panels(op, weight, scales, mins, n, k);
+      return check_q6_k_panels(op, weight, scales, super_scales, mins, n, k);
   }
 }
 
@@ -127,7 +128,7 @@ void LinearKernel::run(const at::Tensor& x, const at::Tensor& y, void* scratch) 
     case Kind::kBfloat16:
       return bfloat16_linear_team(x, weight, b, y, scratch);
     case Kind::kQ6K:
-      return q6_k_linear_team(x, weight, scales, mins, b, y, scratch);
+      return q6_k_linear_team(x, weight, scales, super_scales, mins, b, y, scratch);
   }
 }
 

@@ -25,11 +25,12 @@ struct LinearKernel {
   // float32 [N, K], fp8 codes [N, K], int8 / int4 / Q6_K panels, or bfloat16 B tiles
   at::Tensor weight;
   at::Tensor scales;  // Q6_K: the sub-block scales
-  at::Tensor mins;    // Q6_K: the super-block scales
+  at::Tensor mins;    // Q6_K: the block mins (Q4_K / Q5_K codes), undefined without
   int64_t group_size;
   std::optional<at::Tensor> bias;  // float32 (a bfloat16 layer's, widened once)
   at::Tensor packed;     // float32's packed copy; undefined: none
   int64_t out_features;  // N, which int8 / int4 panels (padded to 8 rows) do not tell
+  at::Tensor super_scales;  // Q6_K's
 
   static LinearKernel float32(at::Tensor weight, std::optional<at::Tensor> bias,
                               std::optional<at::Tensor> packed);
@@ -40,7 +41,8 @@ struct LinearKernel {
   static LinearKernel fp8(at::Tensor qweight, at::Tensor scales, std::optional<at::Tensor> bias);
   static LinearKernel bfloat16(at::Tensor packed, int64_t n, std::optional<at::Tensor> bias);
   static LinearKernel q6_k(at::Tensor values, at::Tensor sub_scales, at::Tensor super_scales,
-                           int64_t n, std::optional<at::Tensor> bias);
+                           std::optional<at::Tensor> mins, int64_t n,
+                           std::optional<at::Tensor> bias);
 
   // Throws unless the weights hold n outputs of k inputs; `name` says which layer.
   void check(const std::string& name, int64_t k, int64_t n) const;

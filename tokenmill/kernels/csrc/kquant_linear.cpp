@@ -13,6 +13,11 @@
 // int16 and _mm256_madd_epi16 multiplies them by pairs of activations into each row's lane:
 // every half block's sum is exact in int32 (16 * 32 * 32767 < 2^24), then one FMA per half adds
 // it scaled by d * s (one fp32 rounding, the dequantization's) times the block's x scale.
+//
+// The same layout with a min per 32 inputs (w = d * s * q + min) holds Q5_K's 5-bit codes and
+// Q4_K's 4-bit ones exactly as well (their 6-bit scales fit s, which then repeats over a block's
+// halves): the form of a linear merged from parts of several k-quant types. A block's min adds
+// min * d_x * sum(q_x), the block sum the activation rounding keeps (QuantizedRows).
 
 #include "kquant.h"
 
@@ -44,6 +49,7 @@ struct Problem {
   const uint8_t* values;         // [panels, blocks * kBlockBytes]
   const int8_t* sub_scales;      // [panels, blocks * 2, 8]
   const at::Half* super_scales;  // [panels, blocks / 8, 8]
+  const float* mins;             // [panels, blocks, 8] or nullptr
   const float* bias;             // [n] or nullptr
   float* y;                      // [m, n]
   int64_t m, n, blocks;
@@ -74,6 +80,7 @@ void panel_rows(const Problem& p, int64_t panel, int64_t m0) {
   const uint8_t* w = p.values + panel * p.blocks * kBlockBytes;
   const int8_t* sub = p.sub_scales + panel * p.blocks * 2 * kPanelRows;
   const at::Half* super = p.super_scales + panel * (p.blocks / kBlocksPerSuper) * kPanelRows;
+  const float* mins = p.mins ? p.mins + panel * p.blocks * kPanelRows : nullptr;
   __m256 acc[XRows];
   for (auto& a : acc) a = _mm256_setzero_ps();
   __m256 d = _mm256_setzero_ps();
@@ -102,6 +109,11 @@ void panel_rows(const Problem& p, int64_t panel, int64_t m0) {
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low[i]), _mm256_mul_ps(scale_low, xs), acc[i]);
       acc[i] =
           _mm256_fmadd_ps(_mm256_cvtepi32_ps(high[i]), _mm256_mul_ps(scale_high, xs), acc[i]);
+    }
+    if (mins != nullptr) {
+      const __m256 min = _mm256_loadu_ps(mins + b * kPanelRows);
+      for (int i = 0; i < XRows; ++i)
+        acc[i] = _mm256_fmadd_ps(min, _mm256_set1_ps(p.x->sums(m0 + i)[b]), acc[i]);
     }
   }
   const int64_t n0 = panel * kPanelRows;
@@ -133,7 +145,8 @@ void panel(const Problem& p, int64_t panel) {
 }  // namespace
 
 void check_q6_k_panels(const char* op, const at::Tensor& values, const at::Tensor& sub_scales,
-                       const at::Tensor& super_scales, int64_t n, int64_t k) {
+                       const at::Tensor& super_scales, const at::Tensor& mins, int64_t n,
+                       int64_t k) {
   TORCH_CHECK(k > 0 && k % kSuperBlock == 0, op,
               ": Q6_K weights have a multiple of 256 inputs, got ", k);
   const int64_t panels = (n + kPanelRows - 1) / kPanelRows;
@@ -151,6 +164,11 @@ void check_q6_k_panels(const char* op, const at::Tensor& values, const at::Tenso
                   super_scales.size(1) == k / kSuperBlock && super_scales.size(2) == kPanelRows,
               op, ": super_scales must be contiguous float16 [", panels, ", ", k / kSuperBlock,
               ", 8]");
+  if (mins.defined())
+    TORCH_CHECK(mins.scalar_type() == at::kFloat && mins.is_contiguous() && mins.dim() == 3 &&
+                    mins.size(0) == panels && mins.size(1) == blocks &&
+                    mins.size(2) == kPanelRows,
+                op, ": mins must be contiguous float32 [", panels, ", ", blocks, ", 8]");
 }
 
 int64_t q6_k_linear_scratch_bytes(int64_t m, int64_t k) {
@@ -159,11 +177,13 @@ int64_t q6_k_linear_scratch_bytes(int64_t m, int64_t k) {
 
 void q6_k_linear_team(const at::Tensor& x, const at::Tensor& values,
                       const at::Tensor& sub_scales, const at::Tensor& super_scales,
-                      const float* bias, const at::Tensor& y, void* scratch) {
+                      const at::Tensor& mins, const float* bias, const at::Tensor& y,
+                      void* scratch) {
   Problem p{};
   p.values = values.data_ptr<uint8_t>();
   p.sub_scales = sub_scales.data_ptr<int8_t>();
   p.super_scales = super_scales.data_ptr<at::Half>();
+  p.mins = mins.defined() ? mins.data_ptr<float>() : nullptr;
   p.bias = bias;
   p.y = y.data_ptr<float>();
   p.m = x.size(0);
@@ -178,12 +198,14 @@ void q6_k_linear_team(const at::Tensor& x, const at::Tensor& values,
 }
 
 at::Tensor q6_k_linear(const at::Tensor& x, const at::Tensor& values,
-                       const at::Tensor& sub_scales, const at::Tensor& super_scales, int64_t n,
+                       const at::Tensor& sub_scales, const at::Tensor& super_scales,
+                       const std::optional<at::Tensor>& mins, int64_t n,
                        const std::optional<at::Tensor>& bias) {
   const char* op = "q6_k_linear";
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) > 0, op,
               ": x must be float32 [M, K] with K > 0");
-  check_q6_k_panels(op, values, sub_scales, super_scales, n, x.size(1));
+  const at::Tensor block_mins = mins.value_or(at::Tensor());
+  check_q6_k_panels(op, values, sub_scales, super_scales, block_mins, n, x.size(1));
   if (bias.has_value())
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
                 op, ": bias must be a contiguous float32 [N]");
@@ -192,7 +214,7 @@ at::Tensor q6_k_linear(const at::Tensor& x, const at::Tensor& values,
   at::Tensor scratch =
       at::empty({q6_k_linear_scratch_bytes(x.size(0), x.size(1))}, x.options().dtype(at::kByte));
 #pragma omp parallel
-  q6_k_linear_team(xc, values, sub_scales, super_scales,
+  q6_k_linear_team(xc, values, sub_scales, super_scales, block_mins,
                    bias.has_value() ? bias->data_ptr<float>() : nullptr, y, scratch.data_ptr());
   return y;
 }
