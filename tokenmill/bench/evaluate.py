@@ -135,7 +135,11 @@ def evaluate(
     load_s = time.monotonic() - start
     record(_measure("none", reference, load_s, baseline, reference, windows, speed_workloads))
     candidates = [(m, model, m) for m in methods if m != "none"]
-    candidates += [(path, path, "none") for path in checkpoints]
+    # A saved directory loads as it was quantized; a .gguf file (`tokenmill quantize --method
+    # gguf-q4_k_m`, say) runs on its own blocks.
+    candidates += [
+        (path, path, "gguf" if path.endswith(".gguf") else "none") for path in checkpoints
+    ]
     for name, path, quantization in candidates:
         start = time.monotonic()
         loaded = load_model(path, torch.float32, quantization)

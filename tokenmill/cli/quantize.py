@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from tokenmill.loader.export_gguf import GGUF_MIX_METHODS
 from tokenmill.quant.registry import QUANT_METHODS
 
 
@@ -13,7 +14,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     quantize = commands.add_parser(
         "quantize", help="write a quantized checkpoint that tokenmill loads directly"
     )
-    quantize.add_argument("--method", required=True, choices=list(QUANT_METHODS))
+    quantize.add_argument(
+        "--method",
+        required=True,
+        choices=[*QUANT_METHODS, *GGUF_MIX_METHODS],
+        help="gguf-q4_k_m / gguf-q6_k: write OUT as a k-quant .gguf file (from a .gguf model)",
+    )
     quantize.add_argument("--bits", type=int, default=None, help="the method's only one if unset")
     quantize.add_argument(
         "--group-size",
@@ -37,7 +43,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--alpha", type=float, default=None, help="smoothquant: migration strength (0.5)"
     )
     quantize.add_argument("model", help="a .gguf file, a Hugging Face directory or package name")
-    quantize.add_argument("out_dir")
+    quantize.add_argument("out_dir", help="the checkpoint directory (a .gguf file for gguf-*)")
     quantize.set_defaults(func=run)
 
 
@@ -48,6 +54,12 @@ def run(ns: argparse.Namespace) -> int:
     from tokenmill.loader.quantized_checkpoint import save_quantized
     from tokenmill.quant.registry import quant_method
 
+    if ns.method in GGUF_MIX_METHODS:
+        from tokenmill.loader.export_gguf import export_gguf
+
+        out = export_gguf(ns.model, Path(ns.out_dir), GGUF_MIX_METHODS[ns.method])
+        print(f"wrote {out}", file=sys.stderr)
+        return 0
     options = {
         key: getattr(ns, key)
         for key in ("bits", "group_size", "calib_samples", "act_order", "alpha")

@@ -3,11 +3,11 @@
 loads and takes its inputs, else its pure-PyTorch reference (`*_reference`, which the tests
 compare against); `dispatch.native_or` is that rule, `extension` the loading.
 
-The ops live in modules by job: `float_linear`, `quant_panels`, `quant_linear`, `fp8_linear`,
-`nf4_linear`, `attention`, `kv_store`, `quantized_kv`, `elementwise`, `decode_loop`. This module
-only gathers them; tunables are read (and patched) in the module that owns them. `ops._NATIVE`
-is `extension.NATIVE`, read and set through here: setting it to None switches every op to its
-reference.
+The ops live in modules by job: `float_linear`, `quant_panels`, `quant_linear`, `kquant_linear`,
+`fp8_linear`, `nf4_linear`, `attention`, `kv_store`, `quantized_kv`, `elementwise`,
+`decode_loop`. This module only gathers them; tunables are read (and patched) in the module that
+owns them. `ops._NATIVE` is `extension.NATIVE`, read and set through here: setting it to None
+switches every op to its reference.
 """
 
 from __future__ import annotations
@@ -67,6 +67,16 @@ from tokenmill.kernels.fp8_linear import (
     dequantize_fp8_reference,
     fp8_linear,
     fp8_linear_reference,
+)
+from tokenmill.kernels.kquant_linear import (
+    Q6_K_SUB_BLOCK,
+    Q6_K_SUPER_BLOCK,
+    Q6KPanels,
+    dequantize_q6_k_reference,
+    pack_q6_k_panels,
+    q6_k_linear,
+    q6_k_linear_kernel,
+    q6_k_linear_reference,
 )
 from tokenmill.kernels.kv_store import gather_blocks, store_kv, store_kv_reference
 from tokenmill.kernels.nf4_linear import (
@@ -132,10 +142,13 @@ __all__ = [
     "NF4_VALUES",
     "PANEL_ROWS",
     "PREPACKED_MAX_ROWS",
+    "Q6_K_SUB_BLOCK",
+    "Q6_K_SUPER_BLOCK",
     "QUANT_BLOCK",
     "QUANT_KERNEL_MAX_ROWS",
     "SKINNY_MAX_ROWS",
     "TORCH_PLAIN_MAX_ROWS",
+    "Q6KPanels",
     "QuantPanels",
     "add_rms_norm",
     "add_rms_norm_reference",
@@ -155,6 +168,7 @@ __all__ = [
     "dequantize_kv_reference",
     "dequantize_nf4",
     "dequantize_nf4_reference",
+    "dequantize_q6_k_reference",
     "dynamic_map",
     "float32_linear_kernel",
     "fp8_linear",
@@ -179,6 +193,7 @@ __all__ = [
     "nf4_linear_reference",
     "pack_int4_panels",
     "pack_int8_panels",
+    "pack_q6_k_panels",
     "paged_decode_attention",
     "paged_decode_attention_quantized",
     "paged_decode_attention_quantized_reference",
@@ -186,6 +201,9 @@ __all__ = [
     "prefill_attention",
     "prefill_attention_reference",
     "prepack_linear_weight",
+    "q6_k_linear",
+    "q6_k_linear_kernel",
+    "q6_k_linear_reference",
     "quantize_activations_reference",
     "quantize_kv_reference",
     "rotary_embedding",

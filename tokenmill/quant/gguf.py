@@ -1,18 +1,24 @@
-"""quantization="gguf": run a GGUF file's Q4_0, Q4_1 and Q8_0 linears on their own blocks.
+"""quantization="gguf": run a GGUF file's linears on their own blocks.
 
-Each block type repacks losslessly into a kernel format with groups of 32 and fp16 scales:
-  Q8_0 (fp16 d, 32 int8 q; w = d * q)           -> int8: q and d as they are;
-  Q4_1 (fp16 d, fp16 m, 16 bytes of nibbles)     -> int4: scale d, min m;
-  Q4_0 (fp16 d, 16 bytes of nibbles; w = d(q-8)) -> int4: scale d, min -8d (exact in fp16).
-GGUF packs value j and j + 16 of a block into byte j; the int4 kernel wants 64 values per 32
-bytes, so the nibbles are regrouped (the values themselves are untouched). A linear whose
-source tensors have other types (Q4_K, Q6_K, F16, ...) or mixed ones stays fp32, dequantized
-as without quantization. A tied LM head reads the token embedding's blocks (llama.cpp does the
-same), while the embedding table itself is dequantized for lookups.
+Each block type repacks losslessly into a kernel format (the dequantized bits are the same):
+  Q8_0 (fp16 d, 32 int8 q; w = d * q)            -> int8 in groups of 32: q and d as they are;
+  Q5_0 (fp16 d, 5-bit q; w = d(q-16))             -> int8 in groups of 32: q - 16 and d;
+  Q4_1 (fp16 d, fp16 m, 16 bytes of nibbles)      -> int4: scale d, min m;
+  Q4_0 (fp16 d, 16 bytes of nibbles; w = d(q-8))  -> int4: scale d, min -8d (exact in fp16);
+  Q4_K, Q5_K, Q6_K (super-blocks of 256)          -> their own layers (tokenmill.quant.kquant).
+GGUF packs value j and j + 16 of a Q4_0 / Q4_1 block into byte j; the int4 kernel wants 64
+values per 32 bytes, so those nibbles are regrouped (Q4_K's already are). A linear merged from
+several tensors (q/k/v, gate/up) runs natively when its parts repack to one format (Q5_0 and
+Q8_0 both become int8, say), and parts of several k-quant types take the q5_k layout, which
+holds each exactly; a linear with a type no kernel reads, or other parts of two formats, stays
+fp32, dequantized as without quantization, and the load logs one line naming the types. A tied
+LM head reads the token embedding's blocks (llama.cpp does the same), while the embedding table
+itself is dequantized for lookups.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from typing import Any
 
@@ -25,17 +31,28 @@ from tokenmill.config import ModelConfig
 from tokenmill.model.layers import Linear
 from tokenmill.model.weights import checkpoint_target
 from tokenmill.quant.int4 import pack_int4
+from tokenmill.quant.kquant import Q4KLinear, Q5KLinear, Q6KLinear
 from tokenmill.quant.linear import LM_HEAD, empty_quant_linear, replace_linears
 from tokenmill.quant.method import QuantMethod
 from tokenmill.quant.weight_source import GGUFBlocks, GGUFTensor, GGUFTensorReader, WeightSource
 
 GGUF_BLOCK = 32
+_INT8 = {"kind": "int8", "group_size": GGUF_BLOCK}
+_INT4 = {"kind": "int4", "group_size": GGUF_BLOCK}
 _FORMATS: dict[GGMLQuantizationType, dict[str, Any]] = {
-    GGMLQuantizationType.Q8_0: {"kind": "int8", "group_size": GGUF_BLOCK},
-    GGMLQuantizationType.Q4_0: {"kind": "int4", "group_size": GGUF_BLOCK},
-    GGMLQuantizationType.Q4_1: {"kind": "int4", "group_size": GGUF_BLOCK},
+    GGMLQuantizationType.Q8_0: _INT8,
+    GGMLQuantizationType.Q5_0: _INT8,
+    GGMLQuantizationType.Q4_0: _INT4,
+    GGMLQuantizationType.Q4_1: _INT4,
+    GGMLQuantizationType.Q4_K: {"kind": Q4KLinear.kind},
+    GGMLQuantizationType.Q5_K: {"kind": Q5KLinear.kind},
+    GGMLQuantizationType.Q6_K: {"kind": Q6KLinear.kind},
 }
+# The k-quants, whose rows the q5_k layout holds alike.
+_K_QUANTS = {GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K}
 EMBEDDING = "model.embed_tokens.weight"
+
+logger = logging.getLogger(__name__)
 
 
 class GGUFMethod(QuantMethod):
@@ -68,10 +85,24 @@ def plan_gguf_linears(
         if hf_name == EMBEDDING and config.tie_word_embeddings:
             sources[LM_HEAD].add(tensor.qtype)
     plan = {}
+    unread: dict[str, list[str]] = defaultdict(list)  # type name(s) -> float linears
     for name, module in model.named_modules():
-        kinds = {_FORMATS[t]["kind"] if t in _FORMATS else None for t in sources.get(name, ())}
-        if isinstance(module, Linear) and len(kinds) == 1 and None not in kinds:
+        if not isinstance(module, Linear) or name not in sources:
+            continue
+        formats = {tuple(_FORMATS[t].items()) if t in _FORMATS else None for t in sources[name]}
+        if len(formats) == 1 and None not in formats:
             plan[name] = _FORMATS[next(iter(sources[name]))]
+        elif sources[name] <= _K_QUANTS:
+            plan[name] = _FORMATS[GGMLQuantizationType.Q5_K]
+        else:
+            unread[" + ".join(sorted(t.name for t in sources[name]))].append(name)
+    for types, names in unread.items():
+        logger.warning(
+            "gguf: %d linear(s) of %s tensors have no native kernel and run dequantized (%s)",
+            len(names),
+            types,
+            ", ".join(names[:3]) + (", ..." if len(names) > 3 else ""),
+        )
     return plan
 
 
@@ -80,43 +111,135 @@ def packed_tensor_reader(
 ) -> GGUFTensorReader:
     """For `gguf.weights`: repacked blocks for the planned linears, dequantized tensors else."""
 
-    def packed(tensor: GGUFTensor, prefix: str) -> dict[str, torch.Tensor]:
-        tensors = repack_blocks(gguf.raw_bytes(tensor), tensor.qtype, tensor.shape)
+    def packed(tensor: GGUFTensor, prefix: str, kind: str) -> dict[str, torch.Tensor]:
+        tensors = repack_blocks(gguf.raw_bytes(tensor), tensor.qtype, tensor.shape, kind)
         return {prefix + name: packed for name, packed in tensors.items()}
 
     def read(hf_name: str, tensor: GGUFTensor) -> dict[str, torch.Tensor]:
         target, _ = checkpoint_target(config, hf_name)
-        if target.endswith(".weight") and target.removesuffix(".weight") in plan:
-            tensors = packed(tensor, hf_name.removesuffix("weight"))
+        module = target.removesuffix(".weight")
+        if target.endswith(".weight") and module in plan:
+            tensors = packed(tensor, hf_name.removesuffix("weight"), plan[module]["kind"])
         else:
             tensors = {hf_name: gguf.dequantize(tensor)}
         if hf_name == EMBEDDING and config.tie_word_embeddings and LM_HEAD in plan:
-            tensors.update(packed(tensor, f"{LM_HEAD}."))
+            tensors.update(packed(tensor, f"{LM_HEAD}.", plan[LM_HEAD]["kind"]))
         return tensors
 
     return read
 
 
 def repack_blocks(
-    raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, ...]
+    raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, ...], kind: str | None = None
 ) -> dict[str, torch.Tensor]:
-    """The packed tensors (qweight, scales and, for int4, mins) holding the Q8_0, Q4_0 or Q4_1
-    tensor of `shape` whose bytes are `raw`."""
+    """The tensors of the layer of `kind` (default: the one `_FORMATS[qtype]` names) holding
+    the tensor of `shape` whose bytes are `raw`: qweight, scales and so on."""
     rows = int(np.prod(shape[:-1]))
     _, type_size = GGML_QUANT_SIZES[qtype]
     blocks = torch.from_numpy(np.array(raw)).view(rows, -1, type_size)
+    if (kind or _FORMATS[qtype]["kind"]) == Q5KLinear.kind:
+        return _repack_q5_k_layout(blocks, qtype)
+    if qtype == GGMLQuantizationType.Q4_K:
+        return _repack_q4_k(blocks)
+    if qtype == GGMLQuantizationType.Q6_K:
+        return _repack_q6_k(blocks)
     scales = _f16_field(blocks, 0)
     if qtype == GGMLQuantizationType.Q8_0:
         values = blocks[:, :, 2:].contiguous().view(torch.int8).view(rows, -1)
         return {"qweight": values, "scales": scales}
+    if qtype == GGMLQuantizationType.Q5_0:
+        # Bit j of the little-endian u32 at byte 2 is value j's fifth bit.
+        fifth = (blocks[:, :, 2:6, None] >> torch.arange(8, dtype=torch.uint8)) & 1
+        q = _nibble_halves(blocks[:, :, 6:]) | (fifth.reshape(rows, -1, GGUF_BLOCK) << 4)
+        return {"qweight": (q.view(torch.int8) - 16).view(rows, -1), "scales": scales}
     if qtype == GGMLQuantizationType.Q4_1:
         mins, nibbles = _f16_field(blocks, 2), blocks[:, :, 4:]
     elif qtype == GGMLQuantizationType.Q4_0:
         mins, nibbles = (scales.float() * -8).half(), blocks[:, :, 2:]
     else:
         raise ValueError(f"{qtype.name} blocks have no kernel format")
-    codes = torch.cat((nibbles & 0x0F, nibbles >> 4), dim=-1).view(rows, -1)  # values in order
+    codes = _nibble_halves(nibbles).view(rows, -1)  # values in order
     return {"qweight": pack_int4(codes), "scales": scales, "mins": mins}
+
+
+def _k_scales_mins(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's and Q5_K's eight 6-bit scales s and mins m per super-block, from bytes 4-15:
+    uint8 [rows, super-blocks, 8] each. Bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2
+    bits of scales 4-7; bytes 4-7 the same for mins; bytes 8-11 the low 4 bits of scales 4-7
+    (low nibble) and mins 4-7."""
+    first, second, tail = blocks[:, :, 4:16].unflatten(-1, (3, 4)).unbind(dim=2)
+    s = torch.cat((first & 0x3F, (tail & 0x0F) | ((first >> 2) & 0x30)), dim=-1)
+    m = torch.cat((second & 0x3F, (tail >> 4) | ((second >> 2) & 0x30)), dim=-1)
+    return s, m
+
+
+def _k_mins(blocks: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Per group of 32, the min -(dmin * m) in fp32, as the dequantization rounds it."""
+    return -(_f16_field(blocks, 2).float()[..., None] * m.float()).view(blocks.shape[0], -1)
+
+
+def _repack_q4_k(blocks: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Super-block of 256: fp16 d and dmin, 12 bytes of 6-bit scales s and mins m, 128 bytes of
+    nibbles, each 64 values as 32 bytes, low nibbles first: the int4 layout already. Per group
+    of 32, scale d * s and min -(dmin * m) in fp32, as the dequantization rounds them."""
+    rows = blocks.shape[0]
+    s, m = _k_scales_mins(blocks)
+    d = _f16_field(blocks, 0).float()
+    return {
+        "qweight": blocks[:, :, 16:].reshape(rows, -1),
+        "scales": (d[..., None] * s.float()).view(rows, -1),
+        "mins": _k_mins(blocks, m),
+    }
+
+
+def _repack_q5_k_layout(
+    blocks: torch.Tensor, qtype: GGMLQuantizationType
+) -> dict[str, torch.Tensor]:
+    """A Q4_K, Q5_K or Q6_K tensor in the q5_k layout: codes as int8, an int8 scale per 16
+    (Q4_K's and Q5_K's 6-bit s twice), fp16 d per 256 and an fp32 min per 32 (-0 for Q6_K)."""
+    rows, supers, _ = blocks.shape
+    if qtype == GGMLQuantizationType.Q6_K:
+        tensors = _repack_q6_k(blocks)
+        # -0.0 adds nothing to any value, a negative zero included (+0.0 would turn it positive).
+        return {**tensors, "mins": torch.full((rows, supers * 8), -0.0)}
+    if qtype == GGMLQuantizationType.Q4_K:
+        q = _nibble_halves(blocks[:, :, 16:].reshape(rows, supers, 4, 32))
+    elif qtype == GGMLQuantizationType.Q5_K:
+        # 128 bytes of nibbles as Q4_K's at byte 48; bit b of byte 16 + i is the fifth bit of
+        # value i of group b.
+        low = _nibble_halves(blocks[:, :, 48:].reshape(rows, supers, 4, 32))
+        fifth = (blocks[:, :, None, 16:48] >> torch.arange(8, dtype=torch.uint8)[:, None]) & 1
+        q = low.reshape(rows, supers, 8, 32) | (fifth << 4)
+    else:
+        raise ValueError(f"{qtype.name} blocks have no q5_k layout")
+    s, m = _k_scales_mins(blocks)
+    return {
+        "qweight": q.reshape(rows, -1).view(torch.int8),
+        "sub_scales": s.repeat_interleave(2, dim=-1).view(torch.int8).reshape(rows, -1),
+        "super_scales": _f16_field(blocks, 0),
+        "mins": _k_mins(blocks, m),
+    }
+
+
+def _repack_q6_k(blocks: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Super-block of 256: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales, fp16 d.
+    Each 128-value half takes 64 low-nibble bytes (low then high nibbles) and 32 high-bit bytes
+    (bit pairs 0-1, 2-3, 4-5, 6-7 for its four runs of 32)."""
+    rows, supers, _ = blocks.shape
+    low = _nibble_halves(blocks[:, :, :128].reshape(rows, supers, 2, 64))
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
+    high = (blocks[:, :, 128:192].reshape(rows, supers, 2, 1, 32) >> shifts) & 0x03
+    q = low | (high.reshape(low.shape) << 4)
+    return {
+        "qweight": (q.view(torch.int8) - 32).view(rows, -1),
+        "sub_scales": blocks[:, :, 192:208].contiguous().view(torch.int8).view(rows, -1),
+        "super_scales": _f16_field(blocks, 208),
+    }
+
+
+def _nibble_halves(packed: torch.Tensor) -> torch.Tensor:
+    """[..., k] bytes -> [..., 2k] values: the low nibbles, then the high ones."""
+    return torch.cat((packed & 0x0F, packed >> 4), dim=-1)
 
 
 def _f16_field(raw: torch.Tensor, offset: int) -> torch.Tensor:

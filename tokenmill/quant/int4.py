@@ -43,6 +43,7 @@ def int4_row_bytes(in_features: int) -> int:
 @register_quant_linear
 class Int4Linear(PanelQuantLinear):
     kind = "int4"
+    scale_dtype = torch.float16
 
     def __init__(
         self,
@@ -56,8 +57,8 @@ class Int4Linear(PanelQuantLinear):
         groups = num_groups(in_features, group_size)
         row_bytes = int4_row_bytes(in_features)
         self.qweight = frozen(torch.zeros(out_features, row_bytes, dtype=torch.uint8))
-        self.scales = frozen(torch.zeros(out_features, groups, dtype=torch.float16))
-        self.mins = frozen(torch.zeros(out_features, groups, dtype=torch.float16))
+        self.scales = frozen(torch.zeros(out_features, groups, dtype=self.scale_dtype))
+        self.mins = frozen(torch.zeros(out_features, groups, dtype=self.scale_dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.int4_linear(

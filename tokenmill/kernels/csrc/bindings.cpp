@@ -5,6 +5,7 @@
 
 #include "decode_loop.h"
 #include "kernels.h"
+#include "kquant.h"
 
 // The GIL is released while a kernel runs, as torch's own operators do, so other Python
 // threads (the server's event loop) keep going.
@@ -98,6 +99,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "NF4 codes to float32 [N, K], given each group's absmax as float32 [N, groups]",
         py::arg("codes"), py::arg("absmax"), py::arg("group_size"),
         py::arg("in_features"), py::call_guard<py::gil_scoped_release>());
+  m.def("q6_k_linear", &tokenmill::q6_k_linear,
+        "y = x W^T + b, W Q6_K in panels of 8 rows (ops.pack_q6_k_panels), n = W's rows",
+        py::arg("x"), py::arg("values"), py::arg("sub_scales"), py::arg("super_scales"),
+        py::arg("mins"), py::arg("n"), py::arg("bias"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("quantize_activations", &tokenmill::quantize_activations,
         "float32 rows to int8/int16 blocks of 32: (values, scales, scale * sum of values)",
         py::arg("x"), py::arg("bits"), py::call_guard<py::gil_scoped_release>());
@@ -120,6 +126,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                    return "bfloat16";
                                  case LinearKernel::Kind::kNf4:
                                    return "nf4";
+                                 case LinearKernel::Kind::kQ6K:
+                                   return "q6_k";
                                  default:
                                    return "float32";
                                }
@@ -135,7 +143,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_static("bfloat16", &LinearKernel::bfloat16, py::arg("packed"), py::arg("n"),
                   py::arg("bias"))
       .def_static("nf4", &LinearKernel::nf4, py::arg("codes"), py::arg("qabsmax"),
-                  py::arg("second"), py::arg("group_size"), py::arg("bias"));
+                  py::arg("second"), py::arg("group_size"), py::arg("bias"))
+      .def_static("q6_k", &LinearKernel::q6_k, py::arg("values"), py::arg("sub_scales"),
+                  py::arg("super_scales"), py::arg("mins"), py::arg("n"), py::arg("bias"));
   using OptionalTensor = std::optional<at::Tensor>;
   py::class_<tokenmill::DecoderLayerWeights>(m, "DecoderLayerWeights")
       .def(py::init([](at::Tensor input_norm, LinearKernel qkv, LinearKernel o,

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "kquant.h"
 #include "quant.h"
 #include "team.h"
 
@@ -65,6 +66,14 @@ LinearKernel LinearKernel::nf4(at::Tensor codes, at::Tensor qabsmax, at::Tensor 
           std::move(bias), {},              n};
 }
 
+LinearKernel LinearKernel::q6_k(at::Tensor values, at::Tensor sub_scales,
+                               at::Tensor super_scales, std::optional<at::Tensor> mins,
+                               int64_t n, std::optional<at::Tensor> bias) {
+  return {Kind::kQ6K,      std::move(values), std::move(sub_scales), mins.value_or(at::Tensor()),
+          0,               std::move(bias),   {},                    n,
+          std::move(super_scales)};
+}
+
 void LinearKernel::check(const std::string& name, int64_t k, int64_t n) const {
   const char* op = name.c_str();
   TORCH_CHECK(out_features == n, op, ": has ", out_features, " outputs, the model needs ", n);
@@ -90,6 +99,8 @@ void LinearKernel::check(const std::string& name, int64_t k, int64_t n) const {
       return check_bfloat16_linear_weight(op, weight, n, k);
     case Kind::kNf4:
       return check_nf4_weight(op, weight, scales, mins, n, k, group_size);
+    case Kind::kQ6K:
+      return check_q6_k_panels(op, weight, scales, super_scales, mins, n, k);
   }
 }
 
@@ -106,6 +117,8 @@ int64_t LinearKernel::scratch_bytes(int64_t m, int64_t k) const {
       return 0;
     case Kind::kBfloat16:
       return bfloat16_linear_scratch_bytes(m, k);
+    case Kind::kQ6K:
+      return q6_k_linear_scratch_bytes(m, k);
   }
   return 0;
 }
@@ -126,6 +139,8 @@ void LinearKernel::run(const at::Tensor& x, const at::Tensor& y, void* scratch) 
       return bfloat16_linear_team(x, weight, b, y, scratch);
     case Kind::kNf4:
       return nf4_linear_team(x, weight, scales, mins, group_size, b, y);
+    case Kind::kQ6K:
+      return q6_k_linear_team(x, weight, scales, super_scales, mins, b, y, scratch);
   }
 }
 

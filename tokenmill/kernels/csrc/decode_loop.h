@@ -19,16 +19,19 @@ namespace tokenmill {
 // product. A bfloat16 model's layers run on AMX tiles or AVX512-BF16 (pack_bfloat16_weight's
 // copy).
 struct LinearKernel {
-  enum class Kind { kFloat32, kInt8, kInt4, kFp8, kBfloat16, kNf4 };
+  enum class Kind { kFloat32, kInt8, kInt4, kFp8, kBfloat16, kNf4, kQ6K };
 
   Kind kind;
-  at::Tensor weight;  // float32 [N, K], fp8 codes [N, K], int8 / int4 panels, or bfloat16 B tiles
-  at::Tensor scales;  // NF4's: its qabsmax
-  at::Tensor mins;    // NF4's: its `second` (nf4_linear.cpp)
+  // float32 [N, K], fp8 codes [N, K], int8 / int4 / Q6_K panels, NF4 codes, or bfloat16 B tiles
+  at::Tensor weight;
+  at::Tensor scales;  // NF4: its qabsmax; Q6_K: the sub-block scales
+  at::Tensor mins;    // NF4: its `second` (nf4_linear.cpp); Q6_K: the block mins (Q4_K / Q5_K
+                      // codes), undefined without
   int64_t group_size;
   std::optional<at::Tensor> bias;  // float32 (a bfloat16 layer's, widened once)
   at::Tensor packed;     // float32's packed copy; undefined: none
   int64_t out_features;  // N, which int8 / int4 panels (padded to 8 rows) do not tell
+  at::Tensor super_scales;  // Q6_K's
 
   static LinearKernel float32(at::Tensor weight, std::optional<at::Tensor> bias,
                               std::optional<at::Tensor> packed);
@@ -40,6 +43,9 @@ struct LinearKernel {
   static LinearKernel bfloat16(at::Tensor packed, int64_t n, std::optional<at::Tensor> bias);
   static LinearKernel nf4(at::Tensor codes, at::Tensor qabsmax, at::Tensor second,
                           int64_t group_size, std::optional<at::Tensor> bias);
+  static LinearKernel q6_k(at::Tensor values, at::Tensor sub_scales, at::Tensor super_scales,
+                           std::optional<at::Tensor> mins, int64_t n,
+                           std::optional<at::Tensor> bias);
 
   // Throws unless the weights hold n outputs of k inputs; `name` says which layer.
   void check(const std::string& name, int64_t k, int64_t n) const;
