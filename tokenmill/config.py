@@ -115,6 +115,9 @@ class EngineArgs:
     kv_cache_memory: int | str = "1GiB"
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
+    # A model with sliding-window layers keeps only their window's blocks (one block table per
+    # KV-cache group, tokenmill/kv/groups.py); False keeps one table for all layers, the baseline.
+    kv_window_trimming: bool = True
     scheduler: str = "continuous"
     # scheduler="dynamic": a batch closes once max_num_seqs requests wait or the oldest has
     # waited this long.
@@ -162,6 +165,10 @@ class EngineArgs:
         _one_of("kv_cache", self.kv_cache, KV_CACHE_MODES)
         _one_of("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _one_of("scheduler", self.scheduler, SCHEDULERS)
+        if not isinstance(self.kv_window_trimming, bool):
+            raise ValueError(
+                f"kv_window_trimming must be True or False, got {self.kv_window_trimming!r}"
+            )
         if (
             not isinstance(self.max_wait_ms, int | float)
             or isinstance(self.max_wait_ms, bool)

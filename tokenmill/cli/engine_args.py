@@ -39,6 +39,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
     )
+    group.add_argument(
+        "--kv-window-trimming",
+        type=_on_off,
+        default=defaults["kv_window_trimming"].default,
+        metavar="{on,off}",
+        help="sliding-window layers keep only their window's KV blocks (off: every block)",
+    )
     group.add_argument("--scheduler", default="continuous", choices=SCHEDULERS)
     group.add_argument(
         "--max-wait-ms",
@@ -128,6 +135,12 @@ def _add_speculative_args(parser: argparse.ArgumentParser, defaults: dict) -> No
         default=defaults["speculative_adaptive_k"].default,
         help="each request's K follows its acceptance",
     )
+
+
+def _on_off(value: str) -> bool:
+    if value not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}")
+    return value == "on"
 
 
 def engine_args_from(ns: argparse.Namespace) -> EngineArgs:

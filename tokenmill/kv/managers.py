@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 from tokenmill.kv.contiguous import ContiguousKVManager
+from tokenmill.kv.groups import KVGroups
+from tokenmill.kv.hybrid import HybridKVManager
 from tokenmill.kv.kv_manager import KVCacheManager
 from tokenmill.kv.no_cache import NoKVCache
 from tokenmill.kv.paged import PagedKVManager
 
 
 def make_kv_manager(
-    mode: str, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_model_len: int
+    mode: str,
+    num_blocks: int,
+    block_size: int,
+    enable_prefix_caching: bool,
+    max_model_len: int,
+    groups: KVGroups | None = None,
+    max_chunk_tokens: int | None = None,
 ) -> KVCacheManager:
+    """`groups` that trim a window only for "paged"; `max_chunk_tokens` (the most tokens a
+    request computes in one step, None: a whole prompt) bounds what their windows hold."""
+    if groups is not None and groups.trims:
+        if mode != "paged":
+            raise ValueError(f"KV window trimming needs kv_cache='paged', got {mode!r}")
+        return HybridKVManager(
+            groups, num_blocks, block_size, enable_prefix_caching, max_chunk_tokens
+        )
     if mode == "paged":
         return PagedKVManager(num_blocks, block_size, enable_prefix_caching)
     if mode == "contiguous":

@@ -6,25 +6,56 @@ sibling forks from its parent, the last of which may be partial. Before a reques
 in a block somebody else also holds, `allocate_slots` gives it a private copy (copy-on-write):
 the block table points at a fresh block and `(src, dst)` is recorded for the runner to copy
 before the step's forward pass.
+
+One manager may also serve as one KV-cache group of a hybrid model (tokenmill/kv/hybrid.py):
+it then shares its pool with the other groups, tags its prefix-cache hashes with the group, and
+with a sliding `window` replaces each block no later query reads by the pool's null block.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tokenmill.kv.block_pool import BlockPool, KVBlock, hash_block
 from tokenmill.kv.kv_manager import KVCacheManager
 from tokenmill.request import Request
 
 
+@dataclass(frozen=True)
+class SlotPlan:
+    """One `allocate_slots` call worked out: the table it starts from (the request's own
+    blocks, then the cached ones it takes over) and what it needs from the pool."""
+
+    held: list[KVBlock]
+    num_owned: int  # leading blocks of `held` the request holds already
+    num_new_blocks: int
+    shared_written: list[int]  # indices of shared blocks this step writes: copied first
+    num_free_needed: int  # new blocks, copies, and cached blocks taken back from the free queue
+    num_tokens_after: int
+
+
 class PagedKVManager(KVCacheManager):
     shares_blocks = True
 
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        pool: BlockPool | None = None,
+        window: int | None = None,
+        null_block: KVBlock | None = None,
+        hash_tag: bytes = b"",
     ) -> None:
+        """`pool`, `window`, `null_block` and `hash_tag` only for a group of a hybrid manager:
+        the shared pool, the group's sliding window, the block standing in for dropped ones
+        (never read), and the bytes that keep the group's prefix-cache entries its own."""
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
+        self.pool = pool or BlockPool(num_blocks, enable_caching=enable_prefix_caching)
+        self.window = window
+        self.null_block = null_block
+        self.hash_tag = hash_tag
         self._tables: dict[str, list[KVBlock]] = {}
         self._num_published: dict[str, int] = {}  # leading blocks already in the prefix cache
         self._block_copies: list[tuple[int, int]] = []  # (src, dst) owed by this step's writes
@@ -41,20 +72,33 @@ class PagedKVManager(KVCacheManager):
         return [block.block_id for block in self._tables.get(request_id, ())]
 
     def num_blocks_held(self, request_id: str) -> int:
-        return len(self._tables.get(request_id, ()))
+        return sum(block is not self.null_block for block in self._tables.get(request_id, ()))
 
     def find_cached_prefix(self, request: Request) -> list[KVBlock]:
         max_blocks = (request.num_tokens - 1) // self.block_size
-        self._extend_block_hashes(request, max_blocks)
         hits: list[KVBlock] = []
-        for i in range(max_blocks):
-            start = i * self.block_size
-            tokens = request.all_token_ids[start : start + self.block_size]
-            block = self.pool.lookup(request.block_hashes[i], tokens)
+        for block in self.cached_blocks(request, 0, max_blocks):
             if block is None:
                 break
             hits.append(block)
         return hits
+
+    def cached_blocks(self, request: Request, start: int, stop: int) -> list[KVBlock | None]:
+        """The request's blocks [start, stop) found in the prefix cache, None where missing."""
+        self._extend_block_hashes(request, stop)
+        found: list[KVBlock | None] = []
+        for i in range(start, stop):
+            tokens = request.all_token_ids[i * self.block_size : (i + 1) * self.block_size]
+            found.append(self.pool.lookup(request.block_hashes[i] + self.hash_tag, tokens))
+        return found
+
+    def first_read_block(self, num_computed: int) -> int:
+        """The first block a query starting at position `num_computed` (and every later one)
+        reads: with a window w, position p attends to [p - w + 1, p], so blocks wholly before
+        `num_computed - w + 1` are never read again."""
+        if self.window is None:
+            return 0
+        return max(num_computed - self.window + 1, 0) // self.block_size
 
     def shared_prompt(self, parent: Request, num_tokens: int) -> list[KVBlock]:
         """The parent's blocks holding its first `num_tokens` tokens, for a sibling to take over
@@ -67,22 +111,47 @@ class PagedKVManager(KVCacheManager):
         """Make room for `num_new_tokens` after the request's computed tokens, which include
         the `cached_prefix` blocks a new request is about to take over. A shared block the new
         tokens land in is replaced by a private copy (see `take_block_copies`)."""
+        self.drop_unread_blocks(request)
+        plan = self.plan_slots(request, num_new_tokens, cached_prefix)
+        if plan.num_free_needed > self.pool.num_free_blocks:
+            return False
+        self.commit_slots(request, plan)
+        return True
+
+    def drop_unread_blocks(self, request: Request) -> None:
+        """With a window: give the blocks no later query of the request reads back to the pool,
+        their table entries becoming the null block."""
+        table = self._tables.get(request.request_id)
+        if table is None or self.window is None:
+            return
+        stop = min(self.first_read_block(request.num_computed_tokens), len(table))
+        dropped = [block for block in table[:stop] if block is not self.null_block]
+        if dropped:
+            assert self.null_block is not None
+            table[:stop] = [self.null_block] * stop
+            self._release(dropped)
+
+    def plan_slots(
+        self, request: Request, num_new_tokens: int, cached_prefix: Sequence[KVBlock] = ()
+    ) -> SlotPlan:
+        """What `allocate_slots` would take from the pool, without taking it."""
         table = self._tables.get(request.request_id, [])
         num_after = request.num_computed_tokens + num_new_tokens
         span = max(num_after, self._reserved_tokens())
         held = [*table, *cached_prefix]
         needed = max(-(-span // self.block_size) - len(held), 0)
-        revived = sum(1 for block in cached_prefix if block.ref_count == 0)
+        revived = sum(1 for block in self._real(cached_prefix) if block.ref_count == 0)
         shared = self._shared_blocks_written(held, len(table), request, num_after)
-        if needed + len(shared) > self.pool.num_free_blocks - revived:
-            return False
-        self.pool.acquire(cached_prefix)
-        table = [*held, *self.pool.allocate(needed)]
-        for index in shared:
+        return SlotPlan(held, len(table), needed, shared, needed + len(shared) + revived, num_after)
+
+    def commit_slots(self, request: Request, plan: SlotPlan) -> None:
+        """Carry out a plan whose `num_free_needed` blocks are free."""
+        self.pool.acquire(self._real(plan.held[plan.num_owned :]))
+        table = [*plan.held, *self.pool.allocate(plan.num_new_blocks)]
+        for index in plan.shared_written:
             table[index] = self._copy_on_write(table[index])
         self._tables[request.request_id] = table
-        self._publish_full_blocks(request, table, num_after)
-        return True
+        self._publish_full_blocks(request, table, plan.num_tokens_after)
 
     def take_block_copies(self) -> list[tuple[int, int]]:
         copies, self._block_copies = self._block_copies, []
@@ -111,10 +180,15 @@ class PagedKVManager(KVCacheManager):
         """Drop the references tail-first. A pending copy into a block that goes free (its
         owner was preempted in the step that copied it) is cancelled: nobody needs it, and the
         block may be handed out again, even as another copy's destination, before it runs."""
+        blocks = self._real(blocks)
         self.pool.release(reversed(blocks))
         if self._block_copies:
             freed = {block.block_id for block in blocks if block.ref_count == 0}
             self._block_copies = [pair for pair in self._block_copies if pair[1] not in freed]
+
+    def _real(self, blocks: Sequence[KVBlock]) -> list[KVBlock]:
+        """The blocks but the null block, which nobody takes or releases."""
+        return [block for block in blocks if block is not self.null_block]
 
     def _shared_blocks_written(
         self, held: list[KVBlock], num_owned: int, request: Request, num_after: int
@@ -142,8 +216,10 @@ class PagedKVManager(KVCacheManager):
         self._extend_block_hashes(request, full)
         start = self._num_published.get(request.request_id, 0)
         for i in range(start, full):
+            if table[i] is self.null_block:
+                continue
             tokens = request.all_token_ids[i * self.block_size : (i + 1) * self.block_size]
-            self.pool.cache(table[i], request.block_hashes[i], tokens)
+            self.pool.cache(table[i], request.block_hashes[i] + self.hash_tag, tokens)
         self._num_published[request.request_id] = max(start, full)
 
     def _extend_block_hashes(self, request: Request, num_blocks: int) -> None:
