@@ -133,6 +133,9 @@ class EngineArgs:
     # None, the baseline: an evicted prefix is recomputed.
     kv_offload_dir: str | None = None
     kv_offload_bytes: int | str = "8GiB"
+    # A model with sliding-window layers keeps only their window's blocks (one block table per
+    # KV-cache group, tokenmill/kv/groups.py); False keeps one table for all layers, the baseline.
+    kv_window_trimming: bool = True
     scheduler: str = "continuous"
     # scheduler="dynamic": a batch closes once max_num_seqs requests wait or the oldest has
     # waited this long.
@@ -180,6 +183,10 @@ class EngineArgs:
         _one_of("kv_cache", self.kv_cache, KV_CACHE_MODES)
         _one_of("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _one_of("scheduler", self.scheduler, SCHEDULERS)
+        if not isinstance(self.kv_window_trimming, bool):
+            raise ValueError(
+                f"kv_window_trimming must be True or False, got {self.kv_window_trimming!r}"
+            )
         if (
             not isinstance(self.max_wait_ms, int | float)
             or isinstance(self.max_wait_ms, bool)

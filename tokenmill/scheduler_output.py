@@ -24,9 +24,15 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int  # positions computed this step, drafts included
     num_computed_tokens: int  # before this step
-    block_ids: list[int]
+    block_ids: list[int]  # the first KV-cache group's table (the one a proposer's own KV uses)
     spec_token_ids: tuple[int, ...] = ()  # drafts verified after the request's last token
     num_tokens_to_draft: int = 0  # drafts to propose once this step's new tokens are known
+    group_block_ids: tuple[list[int], ...] = ()  # every group's table; () when one group
+
+    @property
+    def block_tables(self) -> tuple[list[int], ...]:
+        """One block table per KV-cache group."""
+        return self.group_block_ids or (self.block_ids,)
 
     @property
     def samples(self) -> bool:

@@ -12,6 +12,7 @@ from tokenmill.cli import (
     evaluate,
     export_hf,
     generate,
+    kv_plan,
     quantize,
     serve,
     train_eagle,
@@ -23,7 +24,7 @@ __all__ = ["add_engine_args", "build_parser", "engine_args_from", "main"]
 
 DESCRIPTION = "`tokenmill` command line: generate, chat, serve, bench."
 
-COMMANDS = (generate, chat, serve, bench, quantize, train_eagle, evaluate, export_hf)
+COMMANDS = (generate, chat, serve, bench, kv_plan, quantize, train_eagle, evaluate, export_hf)
 """In the order `tokenmill --help` lists them."""
 
 

@@ -19,7 +19,8 @@ from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.engine.runner import ModelRunner
 from tokenmill.engine.scheduler import Scheduler
-from tokenmill.kv.layout import allocate_kv_caches, kv_bytes_per_token
+from tokenmill.kv.groups import kv_groups
+from tokenmill.kv.layout import allocate_kv_caches, kv_block_bytes, kv_bytes_per_token
 from tokenmill.kv.managers import make_kv_manager
 from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.request import FinishReason, Request
@@ -43,10 +44,23 @@ class LLMEngine:
             args.max_model_len or config.max_position_embeddings, config.max_position_embeddings
         )
         draft = load_draft(args, self.loaded, dtype, self.max_model_len)
-        self.kv_bytes_per_token = kv_bytes_per_token(config, dtype, args.kv_cache_dtype) + (
-            0 if draft is None else draft.kv_bytes_per_token(dtype)
+        draft_bytes_per_token = 0 if draft is None else draft.kv_bytes_per_token(dtype)
+        self.kv_bytes_per_token = (
+            kv_bytes_per_token(config, dtype, args.kv_cache_dtype) + draft_bytes_per_token
         )
-        self.num_blocks = int(args.kv_cache_memory) // (self.kv_bytes_per_token * args.block_size)
+        # An early-exit draft writes the target's first layers through one table: one group.
+        trimming = args.kv_window_trimming and args.kv_cache == "paged"
+        self.kv_groups = kv_groups(config, trimming and not (draft and draft.shares_target_kv))
+        self.kv_block_bytes = (
+            kv_block_bytes(config, dtype, args.block_size, args.kv_cache_dtype, self.kv_groups)
+            + draft_bytes_per_token * args.block_size
+        )
+        self.num_blocks = int(args.kv_cache_memory) // self.kv_block_bytes
+        if self.kv_groups.trims and args.kv_offload_dir is not None:
+            raise ValueError(
+                "kv_offload_dir: the disk tier holds single-table KV; with a sliding-window"
+                " model pass kv_window_trimming=False (--kv-window-trimming off)"
+            )
         self.disk_tier = open_disk_tier(args, self.loaded, self.kv_bytes_per_token)
         self.kv_manager = make_kv_manager(
             args.kv_cache,
@@ -54,6 +68,8 @@ class LLMEngine:
             args.block_size,
             args.enable_prefix_caching,
             self.max_model_len,
+            self.kv_groups,
+            args.max_num_batched_tokens if args.enable_chunked_prefill else None,
             cache_ttl_s=args.prefix_cache_ttl,
             max_retained_fraction=args.max_retained_kv_fraction,
             disk_tier=self.disk_tier,
@@ -65,7 +81,7 @@ class LLMEngine:
         kv_caches = None
         if self.kv_manager.holds_kv:
             kv_caches = allocate_kv_caches(
-                config, self.num_blocks, args.block_size, dtype, args.kv_cache_dtype
+                config, self.num_blocks, args.block_size, dtype, args.kv_cache_dtype, self.kv_groups
             )
         self.scheduler = Scheduler(
             self.kv_manager,
@@ -84,6 +100,7 @@ class LLMEngine:
             native_decode_loop=args.decode_loop == "native",
             prepack_batch_hint=args.prepack_batch_hint,
             disk_tier=self.disk_tier,
+            layer_groups=self.kv_groups.group_of,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.last_step_num_requests = 0  # requests the latest step computed (its batch size)
@@ -92,7 +109,7 @@ class LLMEngine:
     @property
     def kv_cache_bytes(self) -> int:
         """Memory of the allocated KV pool (0 without a KV cache)."""
-        return self.kv_manager.num_blocks * self.args.block_size * self.kv_bytes_per_token
+        return self.num_blocks * self.kv_block_bytes if self.kv_manager.holds_kv else 0
 
     def add_request(
         self,

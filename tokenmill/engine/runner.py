@@ -19,7 +19,7 @@ from tokenmill.kv.block_pool import BlockHash, EvictedBlock
 from tokenmill.kv.disk_tier import DiskTier
 from tokenmill.kv.layout import slot_mapping
 from tokenmill.kv.quantized import KVCache, copy_cache_blocks
-from tokenmill.model.attention import AttentionMetadata
+from tokenmill.model.attention import AttentionMetadata, GroupedAttentionMetadata, StepMetadata
 from tokenmill.model.decode_loop import NativeDecodeLoop, run_step
 from tokenmill.quant.prepare import prepare_weights
 from tokenmill.sampling.sampler import (
@@ -57,6 +57,7 @@ class ModelRunner:
         native_decode_loop: bool = True,
         prepack_batch_hint: int | None = None,
         disk_tier: DiskTier | None = None,
+        layer_groups: tuple[int, ...] | None = None,
     ) -> None:
         """`kv_caches=None` runs without a KV cache: the scheduler then sends whole sequences.
         `native_decode_loop`: run decode steps' layers in one native call where the model and
@@ -67,8 +68,11 @@ class ModelRunner:
         self.model = model
         self.kv_caches = kv_caches
         self.decode_loop = NativeDecodeLoop.build(model, kv_caches) if native_decode_loop else None
-        # Every cache a copy-on-write must reach: the target's and a drafter's own.
-        self.paged_caches = [*(kv_caches or ()), *(proposer.own_kv_caches if proposer else ())]
+        self.layer_groups = layer_groups
+        # Every cache a copy-on-write must reach, once each (layers of different KV-cache groups
+        # share slot tensors): the target's and a drafter's own.
+        caches = [*(kv_caches or ()), *(proposer.own_kv_caches if proposer else ())]
+        self.paged_caches = list({id(cache): cache for cache in caches}.values())
         self.block_size = block_size
         self.disk_tier = disk_tier
         self.sampler = Sampler()
@@ -86,7 +90,6 @@ class ModelRunner:
             return RunnerOutput()
         input_ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
         start_time = time.perf_counter()
         for item in out.scheduled:
             start = item.num_computed_tokens
@@ -94,15 +97,7 @@ class ModelRunner:
             input_ids += item.request.all_token_ids[start:stop]
             input_ids += item.spec_token_ids
             positions += range(start, stop)
-            if self.kv_caches is not None:
-                slots += slot_mapping(item.block_ids, self.block_size, start, stop)
-        meta = AttentionMetadata.build(
-            query_lens=[s.num_new_tokens for s in out.scheduled],
-            seq_lens=[s.num_computed_tokens + s.num_new_tokens for s in out.scheduled],
-            block_tables=None if self.kv_caches is None else [s.block_ids for s in out.scheduled],
-            block_size=self.block_size,
-            slot_mapping=None if self.kv_caches is None else slots,
-        )
+        meta = self._attention_metadata(out.scheduled)
         sampling = [s for s in out.scheduled if s.samples]
         with torch.inference_mode():
             hidden = self._forward(
@@ -121,8 +116,29 @@ class ModelRunner:
                 output.draft_time_s = time.perf_counter() - start_time
         return output
 
+    def _attention_metadata(self, scheduled: list[ScheduledRequest]) -> StepMetadata:
+        """The batch's layout: one per KV-cache group, each with its own slots and tables."""
+        query_lens = [s.num_new_tokens for s in scheduled]
+        seq_lens = [s.num_computed_tokens + s.num_new_tokens for s in scheduled]
+        if self.kv_caches is None:
+            return AttentionMetadata.build(query_lens, seq_lens, None, self.block_size, None)
+        per_group = []
+        for g in range(len(scheduled[0].block_tables)):
+            tables = [item.block_tables[g] for item in scheduled]
+            slots: list[int] = []
+            for item, table in zip(scheduled, tables, strict=True):
+                start = item.num_computed_tokens
+                slots += slot_mapping(table, self.block_size, start, start + item.num_new_tokens)
+            per_group.append(
+                AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, slots)
+            )
+        if len(per_group) == 1:
+            return per_group[0]
+        assert self.layer_groups is not None, "a runner for KV-cache groups needs layer_groups"
+        return GroupedAttentionMetadata(tuple(per_group), self.layer_groups)
+
     def _forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: StepMetadata
     ) -> torch.Tensor:
         return run_step(self.model, self.decode_loop, input_ids, positions, self.kv_caches, meta)
 

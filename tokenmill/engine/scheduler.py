@@ -340,9 +340,12 @@ class Scheduler:
             or not parent.num_computed_tokens >= num_shared > request.num_computed_tokens
         ):
             return cached
+        shared = self.kv.shared_prompt(parent, num_shared)
+        if not shared:  # a window of the parent's has moved past blocks the sibling reads
+            return cached
         request.num_computed_tokens = num_shared
         request.num_disk_cached_tokens = 0
-        return self.kv.shared_prompt(parent, num_shared)
+        return shared
 
     def _fork_parent(self, request: Request) -> Request | None:
         """The unfinished parent a sibling may fork its prompt from, where the KV manager shares
@@ -374,13 +377,15 @@ class Scheduler:
     def _scheduled(
         self, request: Request, num_new: int, plan: _SpeculationPlan
     ) -> ScheduledRequest:
+        tables = self.kv.group_block_ids(request.request_id)
         return ScheduledRequest(
             request,
             num_new + len(plan.drafts),
             request.num_computed_tokens,
-            self.kv.block_ids(request.request_id),
+            tables[0],
             plan.drafts,
             plan.num_to_draft,
+            tuple(tables) if len(tables) > 1 else (),
         )
 
     def _push_waiting(self, request: Request) -> None:

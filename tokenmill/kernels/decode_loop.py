@@ -168,7 +168,8 @@ def decode_loop(
     activation: str,
 ) -> object:
     """A stack of decoder layers run in one call, `activation` "silu" or "gelu_tanh":
-    `.run(hidden, positions, kv_caches, kv_scales, slot_mapping, block_tables, seq_lens)` ->
+    `.run(hidden, positions, kv_caches, kv_scales, slot_mappings, block_tables, seq_lens)`, the
+    slot mappings and block tables one per layer (shared within a KV-cache group) ->
     (last layer's output, residual)."""
     native = extension.NATIVE
     assert native is not None, "the decode loop exists only with the native kernels"

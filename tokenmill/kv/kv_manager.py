@@ -41,7 +41,12 @@ class KVCacheManager(ABC):
         return self.num_blocks * self.block_size
 
     @abstractmethod
-    def block_ids(self, request_id: str) -> list[int]: ...
+    def block_ids(self, request_id: str) -> list[int]:
+        """The request's block table (of its first KV-cache group, where there are several)."""
+
+    def group_block_ids(self, request_id: str) -> list[list[int]]:
+        """One block table per KV-cache group (tokenmill/kv/groups.py), in group order."""
+        return [self.block_ids(request_id)]
 
     @abstractmethod
     def num_blocks_held(self, request_id: str) -> int: ...
@@ -53,7 +58,8 @@ class KVCacheManager(ABC):
 
     def shared_prompt(self, parent: Request, num_tokens: int) -> list[KVBlock]:
         """The parent's blocks holding its first `num_tokens` tokens, for a sibling to take
-        over through `allocate_slots` (only where `shares_blocks`)."""
+        over through `allocate_slots` (only where `shares_blocks`); empty when the parent no
+        longer holds all that a sibling would read."""
         raise NotImplementedError(f"{type(self).__name__} does not share blocks")
 
     @abstractmethod

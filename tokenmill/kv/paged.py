@@ -7,17 +7,22 @@ in a block somebody else also holds, `allocate_slots` gives it a private copy (c
 the block table points at a fresh block and `(src, dst)` is recorded for the runner to copy
 before the step's forward pass.
 
-With a disk tier (kv/disk_tier.py), a prefix lookup continues past the pool's hits with the
-consecutive blocks the tier holds (`DiskBlock`s); taking them over allocates a fresh block for
-each and records `(block hash, block id)` for the runner to load. The cached blocks the pool
-evicts are recorded too, for the runner to save before their slots are reused
-(`take_tier_transfers`). Retention and the prefix-cache TTL live in the pool.
+One manager may also serve as one KV-cache group of a hybrid model (tokenmill/kv/hybrid.py):
+it then shares its pool with the other groups, tags its prefix-cache hashes with the group, and
+with a sliding `window` replaces each block no later query reads by the pool's null block.
+
+With a disk tier (kv/disk_tier.py; single-group models only), a prefix lookup continues past the
+pool's hits with the consecutive blocks the tier holds (`DiskBlock`s); taking them over
+allocates a fresh block for each and records `(block hash, block id)` for the runner to load.
+The cached blocks the pool evicts are recorded too, for the runner to save before their slots
+are reused (`take_tier_transfers`). Retention and the prefix-cache TTL live in the pool.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from tokenmill.kv.block_pool import (
     BlockHash,
@@ -32,6 +37,19 @@ from tokenmill.kv.kv_manager import KVCacheManager
 from tokenmill.request import Request
 
 
+@dataclass(frozen=True)
+class SlotPlan:
+    """One `allocate_slots` call worked out: the table it starts from (the request's own
+    blocks, then the cached ones it takes over) and what it needs from the pool."""
+
+    held: list[KVBlock]
+    num_owned: int  # leading blocks of `held` the request holds already
+    num_new_blocks: int
+    shared_written: list[int]  # indices of shared blocks this step writes: copied first
+    num_free_needed: int  # new blocks, copies, and cached blocks taken back from the free queue
+    num_tokens_after: int
+
+
 class PagedKVManager(KVCacheManager):
     shares_blocks = True
 
@@ -44,11 +62,18 @@ class PagedKVManager(KVCacheManager):
         max_retained_fraction: float = 0.5,
         clock: Callable[[], float] = time.time,
         disk_tier: DiskTier | None = None,
+        pool: BlockPool | None = None,
+        window: int | None = None,
+        null_block: KVBlock | None = None,
+        hash_tag: bytes = b"",
     ) -> None:
         """`cache_ttl_s`, `max_retained_fraction`, `clock`: see BlockPool's TTL and retention;
-        `disk_tier`: where evicted cached blocks go, and prefix lookups continue."""
+        `disk_tier`: where evicted cached blocks go, and prefix lookups continue.
+        `pool`, `window`, `null_block` and `hash_tag` only for a group of a hybrid manager:
+        the shared pool, the group's sliding window, the block standing in for dropped ones
+        (never read), and the bytes that keep the group's prefix-cache entries its own."""
         self.block_size = block_size
-        self.pool = BlockPool(
+        self.pool = pool or BlockPool(
             num_blocks,
             enable_caching=enable_prefix_caching,
             cache_ttl_s=cache_ttl_s,
@@ -57,6 +82,9 @@ class PagedKVManager(KVCacheManager):
             record_evictions=disk_tier is not None,
         )
         self.disk_tier = disk_tier
+        self.window = window
+        self.null_block = null_block
+        self.hash_tag = hash_tag
         self._tables: dict[str, list[KVBlock]] = {}
         self._num_published: dict[str, int] = {}  # leading blocks already in the prefix cache
         self._block_copies: list[tuple[int, int]] = []  # (src, dst) owed by this step's writes
@@ -75,16 +103,12 @@ class PagedKVManager(KVCacheManager):
         return [block.block_id for block in self._tables.get(request_id, ())]
 
     def num_blocks_held(self, request_id: str) -> int:
-        return len(self._tables.get(request_id, ()))
+        return sum(block is not self.null_block for block in self._tables.get(request_id, ()))
 
     def find_cached_prefix(self, request: Request) -> list[KVBlock]:
         max_blocks = (request.num_tokens - 1) // self.block_size
-        self._extend_block_hashes(request, max_blocks)
         hits: list[KVBlock] = []
-        for i in range(max_blocks):
-            start = i * self.block_size
-            tokens = request.all_token_ids[start : start + self.block_size]
-            block = self.pool.lookup(request.block_hashes[i], tokens)
+        for block in self.cached_blocks(request, 0, max_blocks):
             if block is None:
                 break
             hits.append(block)
@@ -101,6 +125,23 @@ class PagedKVManager(KVCacheManager):
             hits.append(DiskBlock(block_hash=request.block_hashes[i], token_ids=tokens))
         return hits
 
+    def cached_blocks(self, request: Request, start: int, stop: int) -> list[KVBlock | None]:
+        """The request's blocks [start, stop) found in the prefix cache, None where missing."""
+        self._extend_block_hashes(request, stop)
+        found: list[KVBlock | None] = []
+        for i in range(start, stop):
+            tokens = request.all_token_ids[i * self.block_size : (i + 1) * self.block_size]
+            found.append(self.pool.lookup(request.block_hashes[i] + self.hash_tag, tokens))
+        return found
+
+    def first_read_block(self, num_computed: int) -> int:
+        """The first block a query starting at position `num_computed` (and every later one)
+        reads: with a window w, position p attends to [p - w + 1, p], so blocks wholly before
+        `num_computed - w + 1` are never read again."""
+        if self.window is None:
+            return 0
+        return max(num_computed - self.window + 1, 0) // self.block_size
+
     def shared_prompt(self, parent: Request, num_tokens: int) -> list[KVBlock]:
         """The parent's blocks holding its first `num_tokens` tokens, for a sibling to take over
         through `allocate_slots`; the last may be partial, and is copied on its first write."""
@@ -112,23 +153,49 @@ class PagedKVManager(KVCacheManager):
         """Make room for `num_new_tokens` after the request's computed tokens, which include
         the `cached_prefix` blocks a new request is about to take over. A shared block the new
         tokens land in is replaced by a private copy (see `take_block_copies`)."""
+        self.drop_unread_blocks(request)
+        plan = self.plan_slots(request, num_new_tokens, cached_prefix)
+        if plan.num_free_needed > self.pool.num_free_blocks:
+            return False
+        self.commit_slots(request, plan)
+        return True
+
+    def drop_unread_blocks(self, request: Request) -> None:
+        """With a window: give the blocks no later query of the request reads back to the pool,
+        their table entries becoming the null block."""
+        table = self._tables.get(request.request_id)
+        if table is None or self.window is None:
+            return
+        stop = min(self.first_read_block(request.num_computed_tokens), len(table))
+        dropped = [block for block in table[:stop] if block is not self.null_block]
+        if dropped:
+            assert self.null_block is not None
+            table[:stop] = [self.null_block] * stop
+            self._release(dropped)
+
+    def plan_slots(
+        self, request: Request, num_new_tokens: int, cached_prefix: Sequence[KVBlock] = ()
+    ) -> SlotPlan:
+        """What `allocate_slots` would take from the pool, without taking it."""
         table = self._tables.get(request.request_id, [])
         num_after = request.num_computed_tokens + num_new_tokens
         span = max(num_after, self._reserved_tokens())
         held = [*table, *cached_prefix]
         needed = max(-(-span // self.block_size) - len(held), 0)
-        revived = sum(1 for block in cached_prefix if block.ref_count == 0)  # DiskBlocks too
+        revived = sum(1 for block in self._real(cached_prefix) if block.ref_count == 0)
         shared = self._shared_blocks_written(held, len(table), request, num_after)
-        if needed + len(shared) > self.pool.num_free_blocks - revived:
-            return False
-        self.pool.acquire(block for block in cached_prefix if not isinstance(block, DiskBlock))
-        held = [*table, *self._take_from_disk(cached_prefix)]
-        table = [*held, *self.pool.allocate(needed)]
-        for index in shared:
+        return SlotPlan(held, len(table), needed, shared, needed + len(shared) + revived, num_after)
+
+    def commit_slots(self, request: Request, plan: SlotPlan) -> None:
+        """Carry out a plan whose `num_free_needed` blocks are free."""
+        taken_over = plan.held[plan.num_owned :]
+        self.pool.acquire(b for b in self._real(taken_over) if not isinstance(b, DiskBlock))
+        held = [*plan.held[: plan.num_owned], *self._take_from_disk(taken_over)]
+        table = [*held, *self.pool.allocate(plan.num_new_blocks)]
+        for index in plan.shared_written:
             table[index] = self._copy_on_write(table[index])
         self._tables[request.request_id] = table
-        self._publish_full_blocks(request, table, num_after)
-        return True
+        self._publish_full_blocks(request, table, plan.num_tokens_after)
 
     def take_block_copies(self) -> list[tuple[int, int]]:
         copies, self._block_copies = self._block_copies, []
@@ -167,6 +234,8 @@ class PagedKVManager(KVCacheManager):
         """`blocks` with each DiskBlock replaced by a fresh pool block that the runner loads
         its KV into, cached under its hash at once."""
         disk = [block for block in blocks if isinstance(block, DiskBlock)]
+        if not disk:
+            return list(blocks)
         fresh = iter(self.pool.allocate(len(disk)))
         taken = []
         for block in blocks:
@@ -196,7 +265,7 @@ class PagedKVManager(KVCacheManager):
         table = self._tables.pop(request.request_id, [])
         self._num_published.pop(request.request_id, None)
         if request.params.cache_ttl is not None:
-            prompt_blocks = table[: request.num_prompt_tokens // self.block_size]
+            prompt_blocks = self._real(table[: request.num_prompt_tokens // self.block_size])
             self.pool.retain(prompt_blocks, self.pool.clock() + request.params.cache_ttl)
         self._release(table)
 
@@ -204,10 +273,15 @@ class PagedKVManager(KVCacheManager):
         """Drop the references tail-first. A pending copy into a block that goes free (its
         owner was preempted in the step that copied it) is cancelled: nobody needs it, and the
         block may be handed out again, even as another copy's destination, before it runs."""
+        blocks = self._real(blocks)
         self.pool.release(reversed(blocks))
         if self._block_copies:
             freed = {block.block_id for block in blocks if block.ref_count == 0}
             self._block_copies = [pair for pair in self._block_copies if pair[1] not in freed]
+
+    def _real(self, blocks: Sequence[KVBlock]) -> list[KVBlock]:
+        """The blocks but the null block, which nobody takes or releases."""
+        return [block for block in blocks if block is not self.null_block]
 
     def _shared_blocks_written(
         self, held: list[KVBlock], num_owned: int, request: Request, num_after: int
@@ -235,9 +309,11 @@ class PagedKVManager(KVCacheManager):
         self._extend_block_hashes(request, full)
         start = self._num_published.get(request.request_id, 0)
         for i in range(start, full):
+            if table[i] is self.null_block:
+                continue
             tokens = request.all_token_ids[i * self.block_size : (i + 1) * self.block_size]
             was_cached = table[i].block_hash is not None
-            self.pool.cache(table[i], request.block_hashes[i], tokens)
+            self.pool.cache(table[i], request.block_hashes[i] + self.hash_tag, tokens)
             if not was_cached and table[i].block_hash is not None:
                 self._published_this_step.add(table[i].block_hash)
         self._num_published[request.request_id] = max(start, full)

@@ -29,6 +29,12 @@ class LoadedModel:
     tokenizer: Tokenizer
 
 
+def load_model_config(model: str) -> ModelConfig:
+    """The model's shape alone, no weights read (`--model` as `load_model` takes it)."""
+    path = resolve_model(model)
+    return hf_model_config(path) if path.is_dir() else gguf_model_config(GGUFFile(path))
+
+
 def load_model(
     model: str,
     dtype: torch.dtype = torch.float32,

@@ -93,6 +93,42 @@ class AttentionMetadata:
         slots = None if slot_mapping is None else torch.tensor(slot_mapping, dtype=torch.long)
         return cls(starts[-1], slots, tuple(prefills), decode)
 
+    def for_layer(self, layer: int) -> AttentionMetadata:
+        """What layer `layer` reads: this, the same for every layer."""
+        return self
+
+
+@dataclass(frozen=True)
+class GroupedAttentionMetadata:
+    """A step's layout for a model whose layers sit in several KV-cache groups: the same batch,
+    one `AttentionMetadata` per group (its own slots and block tables), and each layer's group.
+    Only the layers' block ids differ; which tokens run and attend to what is the same."""
+
+    groups: tuple[AttentionMetadata, ...]
+    group_of: tuple[int, ...]  # per layer
+
+    def for_layer(self, layer: int) -> AttentionMetadata:
+        return self.groups[self.group_of[layer]]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.groups[0].num_tokens
+
+    @property
+    def slot_mapping(self) -> torch.Tensor | None:
+        return self.groups[0].slot_mapping
+
+    @property
+    def prefills(self) -> tuple[PrefillSegment, ...]:
+        return self.groups[0].prefills
+
+    @property
+    def decode(self) -> DecodeGroup | None:
+        return self.groups[0].decode
+
+
+StepMetadata = AttentionMetadata | GroupedAttentionMetadata
+
 
 def _decode_group(
     rows: list[tuple[int, int, int]],

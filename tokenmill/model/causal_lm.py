@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from tokenmill.config import ModelConfig
-from tokenmill.model.attention import AttentionMetadata
+from tokenmill.model.attention import StepMetadata
 from tokenmill.model.layers import Linear, RMSNorm, RotaryEmbedding
 from tokenmill.model.weights import load_hf_weights
 
@@ -64,14 +64,15 @@ class CausalLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor] | None,
-        meta: AttentionMetadata,
+        meta: StepMetadata,
     ) -> torch.Tensor:
-        """Final hidden states `[num_tokens, hidden]`; the caller picks which rows to project."""
+        """Final hidden states `[num_tokens, hidden]`; the caller picks which rows to project.
+        Each layer reads its KV through `meta.for_layer(i)` (its KV-cache group's tables)."""
         hidden = self.embed(input_ids)
         residual = None
         for i, layer in enumerate(self.layers):
             kv_cache = None if kv_caches is None else kv_caches[i]
-            hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
+            hidden, residual = layer(positions, hidden, residual, kv_cache, meta.for_layer(i))
         return self.norm(hidden, residual)[0]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

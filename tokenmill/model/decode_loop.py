@@ -24,7 +24,7 @@ from torch import nn
 
 from tokenmill.kernels import ops
 from tokenmill.kv.quantized import KVCache, QuantizedKVCache
-from tokenmill.model.attention import AttentionMetadata
+from tokenmill.model.attention import StepMetadata
 from tokenmill.model.gemma3 import Gemma3DecoderLayer, Gemma3ForCausalLM
 from tokenmill.model.llama import LlamaDecoderLayer, LlamaForCausalLM
 
@@ -66,7 +66,7 @@ class NativeLayers:
         )
         return cls(loop, kv_caches, min(max_rows for _, max_rows in weights))
 
-    def applies(self, meta: AttentionMetadata) -> bool:
+    def applies(self, meta: StepMetadata) -> bool:
         """Every token attends to cached context (no prefill) and the skinny kernels take them."""
         return (
             meta.decode is not None
@@ -76,18 +76,19 @@ class NativeLayers:
         )
 
     def run(
-        self, hidden: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+        self, hidden: torch.Tensor, positions: torch.Tensor, meta: StepMetadata
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(last layer's output, residual stream before it) for the first layer's input
         `hidden`, as the Python layers return them: the final norm adds the two."""
         assert meta.decode is not None and meta.slot_mapping is not None
+        layers = [meta.for_layer(i) for i in range(len(self.kv_values))]
         return self.loop.run(
             hidden,
             positions,
             self.kv_values,
             self.kv_scales,
-            meta.slot_mapping,
-            meta.decode.block_tables,
+            [layer.slot_mapping for layer in layers],
+            [layer.decode.block_tables for layer in layers if layer.decode is not None],
             meta.decode.seq_lens,
         )
 
@@ -111,11 +112,11 @@ class NativeDecodeLoop:
         layers = NativeLayers.build(list(model.layers), kv_caches)
         return None if layers is None else cls(model, layers)
 
-    def applies(self, meta: AttentionMetadata) -> bool:
+    def applies(self, meta: StepMetadata) -> bool:
         return self.layers.applies(meta)
 
     def __call__(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: StepMetadata
     ) -> torch.Tensor:
         """The model's final hidden states `[num_tokens, hidden]`, as `model(...)` returns them."""
         hidden, residual = self.layers.run(self.model.embed(input_ids), positions, meta)
@@ -128,7 +129,7 @@ def run_step(
     input_ids: torch.Tensor,
     positions: torch.Tensor,
     kv_caches: Sequence[KVCache] | None,
-    meta: AttentionMetadata,
+    meta: StepMetadata,
 ) -> torch.Tensor:
     """The model's final hidden states for one step: through `loop` when it covers the step,
     else layer by layer in Python (always, when there is no loop)."""

@@ -179,7 +179,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("layers"), py::arg("num_heads"), py::arg("num_kv_heads"),
            py::arg("head_dim"), py::arg("eps"), py::arg("scale"), py::arg("activation"))
       .def("run", &tokenmill::DecodeLoop::run, py::arg("hidden"), py::arg("positions"),
-           py::arg("kv_caches"), py::arg("kv_scales"), py::arg("slot_mapping"),
+           py::arg("kv_caches"), py::arg("kv_scales"), py::arg("slot_mappings"),
            py::arg("block_tables"), py::arg("seq_lens"),
            py::call_guard<py::gil_scoped_release>());
 }

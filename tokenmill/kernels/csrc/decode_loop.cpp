@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 
 #include "kquant.h"
@@ -236,8 +237,8 @@ DecodeLoop::DecodeLoop(std::vector<DecoderLayerWeights> layers, int64_t num_head
 
 std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
     const at::Tensor& hidden, const at::Tensor& positions, const std::vector<at::Tensor>& kv_caches,
-    const std::vector<at::Tensor>& kv_scales, const at::Tensor& slot_mapping,
-    const at::Tensor& block_tables, const at::Tensor& seq_lens) const {
+    const std::vector<at::Tensor>& kv_scales, const std::vector<at::Tensor>& slot_mappings,
+    const std::vector<at::Tensor>& block_tables, const at::Tensor& seq_lens) const {
   const auto num_layers = static_cast<int64_t>(layers_.size());
   check_caches(kv_caches, kv_scales, num_layers, dtype_);
   const bool quantized = !kv_scales.empty();
@@ -246,17 +247,34 @@ std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
               "DecodeLoop: hidden must be ", c10::toString(dtype_), " [T, ", hidden_size_,
               "] with T > 0");
   const int64_t tokens = hidden.size(0);
-  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.numel() == tokens &&
-                  slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == tokens,
-              "DecodeLoop: positions and slot_mapping must be int64 with one entry per token");
-  const at::Tensor pos = positions.contiguous(), slots = slot_mapping.contiguous();
-  const int64_t num_slots = kv_caches.front().size(1) * kv_caches.front().size(2);
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.numel() == tokens,
+              "DecodeLoop: positions must be int64 with one entry per token");
+  TORCH_CHECK(static_cast<int64_t>(slot_mappings.size()) == num_layers &&
+                  static_cast<int64_t>(block_tables.size()) == num_layers,
+              "DecodeLoop: one slot_mapping and one block_tables per layer (layers of a KV-cache "
+              "group share them)");
+  const at::Tensor pos = positions.contiguous();
   for (int64_t t = 0; t < tokens; ++t) {
-    const int64_t p = pos.data_ptr<int64_t>()[t], s = slots.data_ptr<int64_t>()[t];
+    const int64_t p = pos.data_ptr<int64_t>()[t];
     TORCH_CHECK(p >= 0 && p < max_positions_, "DecodeLoop: position ", p,
                 " is outside the rotary tables of ", max_positions_, " rows");
-    TORCH_CHECK(s >= 0 && s < num_slots, "DecodeLoop: slot ", s, " is outside the cache's ",
-                num_slots, " slots");
+  }
+  // Each layer's slots and tables, checked once per distinct tensor.
+  const int64_t num_slots = kv_caches.front().size(1) * kv_caches.front().size(2);
+  std::vector<at::Tensor> slots(num_layers);
+  for (int64_t i = 0; i < num_layers; ++i) {
+    if (i > 0 && slot_mappings[i].is_same(slot_mappings[i - 1])) {
+      slots[i] = slots[i - 1];
+      continue;
+    }
+    TORCH_CHECK(slot_mappings[i].scalar_type() == at::kLong && slot_mappings[i].numel() == tokens,
+                "DecodeLoop: slot_mapping must be int64 with one entry per token");
+    slots[i] = slot_mappings[i].contiguous();
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int64_t s = slots[i].data_ptr<int64_t>()[t];
+      TORCH_CHECK(s >= 0 && s < num_slots, "DecodeLoop: slot ", s, " is outside the cache's ",
+                  num_slots, " slots");
+    }
   }
 
   // The step's buffers, each reused by every layer.
@@ -286,11 +304,21 @@ std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
   const at::Tensor k_normed =
       gemma ? at::empty({tokens, num_kv_heads_, head_dim_}, options) : k;
   const at::Tensor post_normed = gemma ? at::empty({tokens, hidden_size_}, options) : down;
-  const auto [tables, lens] =
-      check_decode_attention("DecodeLoop", q, kv_caches.front(), block_tables, seq_lens);
+  std::vector<at::Tensor> tables(num_layers);
+  at::Tensor lens;
+  int64_t max_blocks = 0;
+  for (int64_t i = 0; i < num_layers; ++i) {
+    if (i > 0 && block_tables[i].is_same(block_tables[i - 1])) {
+      tables[i] = tables[i - 1];
+      continue;
+    }
+    std::tie(tables[i], lens) =
+        check_decode_attention("DecodeLoop", q, kv_caches.front(), block_tables[i], seq_lens);
+    max_blocks = std::max(max_blocks, tables[i].size(1));
+  }
   // One buffer serves each kernel in turn: each ends in the region's barrier before the next.
-  int64_t scratch_bytes = decode_attention_scratch_bytes(
-      tokens, num_heads_, head_dim_, kv_caches.front().size(2), tables.size(1));
+  int64_t scratch_bytes = decode_attention_scratch_bytes(tokens, num_heads_, head_dim_,
+                                                         kv_caches.front().size(2), max_blocks);
   for (const DecoderLayerWeights& layer : layers_)
     scratch_bytes = std::max({scratch_bytes, layer.qkv.scratch_bytes(tokens, hidden_size_),
                               layer.o.scratch_bytes(tokens, q_size),
@@ -317,8 +345,8 @@ std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
       const at::Tensor& layer_q = layer.q_norm.defined() ? q_normed : q;
       const at::Tensor& layer_k = layer.q_norm.defined() ? k_normed : k;
       rotary_embedding_team(pos, layer_q, layer_k, layer.cos, layer.sin);
-      store_kv_team(kv_caches[i], layer_scales, slots, layer_k, v);
-      paged_decode_attention_team(layer_q, kv_caches[i], layer_scales, tables, lens, scale_,
+      store_kv_team(kv_caches[i], layer_scales, slots[i], layer_k, v);
+      paged_decode_attention_team(layer_q, kv_caches[i], layer_scales, tables[i], lens, scale_,
                                   layer.window, attended, scratch);
       layer.o.run(attended, projected, scratch);
       const at::Tensor* attention_out = &projected;

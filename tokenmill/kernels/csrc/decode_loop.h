@@ -84,13 +84,15 @@ class DecodeLoop {
 
   // Every layer over `hidden` [T, D], each token attending to its sequence's paged KV: the
   // caches have the model's dtype (float32, or bfloat16 with the hidden states), or are int8 /
-  // fp8 codes when `kv_scales` holds their scales. Returns
+  // fp8 codes when `kv_scales` holds their scales. Each layer writes through its own
+  // `slot_mappings` entry and reads through its own `block_tables` entry (the layers of one
+  // KV-cache group pass the same tensors). Returns
   // (last layer's output, residual stream before it), which the final norm adds together.
   std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& hidden, const at::Tensor& positions,
                                          const std::vector<at::Tensor>& kv_caches,
                                          const std::vector<at::Tensor>& kv_scales,
-                                         const at::Tensor& slot_mapping,
-                                         const at::Tensor& block_tables,
+                                         const std::vector<at::Tensor>& slot_mappings,
+                                         const std::vector<at::Tensor>& block_tables,
                                          const at::Tensor& seq_lens) const;
 
  private:
