@@ -38,6 +38,7 @@ class LLM:
         batch = _as_batch(prompts)
         params = _per_prompt(sampling_params or SamplingParams(), len(batch), "sampling_params")
         priorities = _per_prompt(priority or 0, len(batch), "priority")
+        self._compile_grammars(params)
         ids = [str(next(self._ids)) for _ in batch]
         try:
             for request_id, prompt, p, prio in zip(ids, batch, params, priorities, strict=True):
@@ -66,6 +67,14 @@ class LLM:
             for conv in conversations
         ]
         return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _compile_grammars(self, params: Sequence[SamplingParams]) -> None:
+        """Compile every structured-output constraint of the batch (in parallel, each distinct
+        one once) before any request starts; a constraint that does not compile raises
+        ValueError naming the field."""
+        specs = [p.structured_outputs for p in params if p.structured_outputs is not None]
+        for grammar in [self.engine.structured.compile(spec) for spec in specs]:
+            grammar.result()
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
