@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tokenmill.llm import LLM
 from tokenmill.sampling.params import SamplingParams
+from tokenmill.sampling.structured_outputs import StructuredOutputsParams
 
 
 @pytest.fixture(scope="module")
@@ -47,3 +50,18 @@ def test_a_bad_prompt_in_a_batch_adds_none_of_it(llm):
     with pytest.raises(ValueError, match="prompt_token_ids"):
         llm.generate(["fine", {"prompt_token_ids": [-1]}], use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_generate_refuses_a_constraint_that_does_not_compile(llm):
+    spec = StructuredOutputsParams(json='{"type": "object", "properties": 3')
+    with pytest.raises(ValueError, match="^json"):
+        llm.generate("Hi", SamplingParams(structured_outputs=spec), use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_generate_follows_a_regex(llm):
+    spec = StructuredOutputsParams(regex=r"[0-9]{2} (apples|pears)")
+    (output,) = llm.generate(
+        "Tell me a fact:", SamplingParams(max_tokens=8, structured_outputs=spec), use_tqdm=False
+    )
+    assert re.fullmatch(r"[0-9]{2} (apples|pears)", output.outputs[0].text)
