@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -65,3 +66,51 @@ def test_generate_follows_a_regex(llm):
         "Tell me a fact:", SamplingParams(max_tokens=8, structured_outputs=spec), use_tqdm=False
     )
     assert re.fullmatch(r"[0-9]{2} (apples|pears)", output.outputs[0].text)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}},
+            "required": ["city"],
+        },
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_chat_with_a_required_tool_returns_parsed_calls(llm):
+    params = SamplingParams(temperature=0, max_tokens=40)
+    (output,) = llm.chat(ASK, params, use_tqdm=False, tools=[WEATHER], tool_choice="required")
+    (completion,) = output.outputs
+    assert completion.finish_reason == "tool_calls"
+    call = completion.tool_calls[0]
+    assert call.name == "get_weather" and call.id
+    assert isinstance(json.loads(call.arguments)["city"], str)
+
+
+def test_chat_accepts_a_tool_result_turn(llm):
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    conversation = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature_c": 21}'},
+    ]
+    params = SamplingParams(temperature=0, max_tokens=8)
+    (output,) = llm.chat(conversation, params, use_tqdm=False, tools=[WEATHER])
+    assert output.outputs[0].text
+
+
+def test_chat_refuses_a_tool_choice_naming_no_tool(llm):
+    named = {"type": "function", "function": {"name": "get_news"}}
+    with pytest.raises(ValueError, match="get_news"):
+        llm.chat(ASK, use_tqdm=False, tools=[WEATHER], tool_choice=named)
+    assert not llm.engine.has_unfinished_requests()

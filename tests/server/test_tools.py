@@ -7,9 +7,6 @@ import json
 import openai
 import pytest
 
-from tokenmill.server.protocol import FunctionDefinition
-from tokenmill.server.tools import ToolPlan
-
 MODEL = "smollm2-135m-instruct"
 WEATHER = {
     "type": "function",
@@ -106,12 +103,3 @@ def test_parameters_that_are_not_an_object_schema_are_a_400(client):
     with pytest.raises(openai.BadRequestError) as error:
         client.chat.completions.create(model=MODEL, messages=ASK, tools=[tool], max_tokens=4)
     assert error.value.body["param"] == "tools"
-
-
-def test_auto_mode_parses_calls_in_the_tool_call_convention():
-    plan = ToolPlan("auto", (FunctionDefinition(name="get_time"),))
-    text = 'Sure. <tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>'
-    (call,) = plan.parse(text)
-    assert call.function.name == "get_time"
-    assert json.loads(call.function.arguments) == {"zone": "UTC"}
-    assert plan.parse("No call here.") is None

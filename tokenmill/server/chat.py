@@ -1,9 +1,9 @@
 """POST /v1/chat/completions: the messages rendered with the model's chat template, `n` choices.
 
 A stream opens each choice with a `{"role": "assistant", "content": ""}` delta, as OpenAI does,
-then sends content deltas and a last delta carrying the finish reason. With tools (server/tools.py)
-a choice's text is held until it is complete, then sent as tool-call deltas if it holds calls,
-with finish reason "tool_calls", or else as content.
+then sends content deltas and a last delta carrying the finish reason. With tools
+(structured/tools.py) a choice's text is held until it is complete, then sent as tool-call
+deltas if it holds calls, with finish reason "tool_calls", or else as content.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ from tokenmill.server.serving import (
     submit,
     usage,
 )
-from tokenmill.server.tools import ToolPlan, plan_tools, template_messages
+from tokenmill.server.tools import plan_tools, template_messages, tool_calls
+from tokenmill.structured.tools import ToolPlan
 
 
 @dataclass
@@ -75,7 +76,7 @@ class _Job:
         """The calls a finished choice makes, if the request has tools and it made any."""
         if self.tools is None or out.finish_reason != "stop":
             return None
-        return self.tools.parse(out.text)
+        return tool_calls(self.tools, out.text)
 
     def logprobs_of(self, out: CompletionOutput, start: int) -> ChatLogprobs | None:
         if not self.logprobs or out.logprobs is None:
