@@ -38,3 +38,23 @@ def test_a_constraint_that_does_not_compile_is_a_value_error_naming_its_field(
 ):
     with pytest.raises(ValueError, match=f"^{field}: the .* does not compile: ."):
         compiler.compile(spec).result(timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("schema", "keyword"),
+    [
+        ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
+        ({"type": "object", "properties": {"n": {"type": "integer", "not": {"const": 1}}}}, "not"),
+        ({"type": "array", "contains": {"type": "integer"}}, "contains"),
+        ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, "if"),
+        ({"allOf": [{"type": "object"}, {"required": ["a"]}]}, "allOf"),
+    ],
+)
+def test_a_schema_keyword_xgrammar_would_ignore_is_refused(compiler, schema, keyword):
+    with pytest.raises(ValueError, match=f"^json: .*'{keyword}'.* is not supported"):
+        compiler.compile(Spec(json=schema)).result(timeout=60)
+
+
+def test_a_property_named_like_a_keyword_is_not_a_keyword(compiler):
+    schema = {"type": "object", "properties": {"not": {"type": "string", "enum": ["if"]}}}
+    assert compiler.compile(Spec(json=schema)).result(timeout=60) is not None

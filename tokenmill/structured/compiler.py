@@ -59,14 +59,55 @@ class GrammarCompiler:
             raise ValueError(f"{kind}: the {_noun(kind)} does not compile: {reason}") from exc
 
 
+UNHONOURED_KEYWORDS = (
+    "not",
+    "if",
+    "then",
+    "else",
+    "uniqueItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "dependentRequired",
+    "dependentSchemas",
+)
+"""Keywords xgrammar accepts but does not enforce: a schema using one is refused, not loosened.
+(`oneOf` is enforced as `anyOf`, which differs only when branches overlap.)"""
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
 def _check_schema(schema: str) -> None:
-    """A schema must be a JSON object; xgrammar accepts some non-objects without complaint."""
+    """A schema must be a JSON object whose every keyword xgrammar honours; xgrammar accepts
+    some non-objects and some keywords without complaint."""
     try:
         parsed = json.loads(schema)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON: {exc}") from exc
     if not isinstance(parsed, dict):
         raise ValueError(f"a JSON schema must be an object, got {type(parsed).__name__}")
+    _check_keywords(parsed, "#")
+
+
+def _check_keywords(schema: object, path: str) -> None:
+    """Walk the subschemas (not `const`, `enum` or property names, which are data)."""
+    if not isinstance(schema, dict):
+        return
+    for keyword in UNHONOURED_KEYWORDS:
+        if keyword in schema and not (keyword == "uniqueItems" and schema[keyword] is False):
+            raise ValueError(f"{keyword!r} (at {path}) is not supported")
+    if len(schema.get("allOf") or ()) > 1:
+        raise ValueError(f"'allOf' with more than one schema (at {path}) is not supported")
+    for key, value in schema.items():
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            for name, sub in value.items():
+                _check_keywords(sub, f"{path}/{key}/{name}")
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            for index, sub in enumerate(value):
+                _check_keywords(sub, f"{path}/{key}/{index}")
+        elif key in ("items", "additionalProperties", "propertyNames", "unevaluatedProperties"):
+            _check_keywords(value, f"{path}/{key}")
 
 
 def _choice_grammar(choices: tuple[str, ...]) -> str:
