@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pydantic
@@ -29,17 +30,28 @@ def http(server):
         yield client
 
 
+ANIMALS = (
+    "cat", "parrot", "goldfish", "hamster", "tortoise", "rabbit", "ferret", "gecko", "pony",
+    "canary", "iguana", "beagle", "guinea pig", "axolotl", "hedgehog", "cockatiel", "chinchilla",
+    "tarantula", "goat", "duck",
+)  # fmt: skip
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_parse_returns_a_validated_pydantic_object(client, temperature):
-    for animal in ("cat", "parrot"):
-        completion = client.chat.completions.parse(
+def test_parse_returns_a_validated_pydantic_object_for_varied_prompts(client, temperature):
+    def parse(animal: str):
+        return client.chat.completions.parse(
             model=MODEL,
             messages=[{"role": "user", "content": f"Invent a pet {animal}."}],
             response_format=Pet,
             temperature=temperature,
             seed=7,
-            max_tokens=96,
+            max_tokens=64,
         )
+
+    with ThreadPoolExecutor(len(ANIMALS)) as pool:  # at once, so the engine batches them
+        completions = list(pool.map(parse, ANIMALS))
+    for completion in completions:
         (choice,) = completion.choices
         assert choice.finish_reason == "stop"
         assert isinstance(choice.message.parsed, Pet)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import pydantic
 import pytest
@@ -120,11 +121,19 @@ def test_a_completed_grammar_ends_the_request_even_ignoring_eos(engine):
     assert len(completion.token_ids) < 16
 
 
-def test_greedy_output_is_the_same_with_speculative_decoding(engine, make_engine):
+@pytest.mark.parametrize(
+    "speculation",
+    [
+        {"speculative_method": "ngram"},
+        {"speculative_method": "draft", "draft_model": "self:layers=8"},
+    ],
+    ids=["ngram", "draft"],
+)
+def test_greedy_output_is_the_same_with_speculative_decoding(engine, make_engine, speculation):
     prompts = [chat(engine, "List three team members as JSON."), chat(engine, "Describe Oslo.")]
     team = SamplingParams(temperature=0, max_tokens=48, structured_outputs=TEAM)
     plain = [out.outputs[0].token_ids for out in run(engine, prompts, team)]
-    speculative = make_engine(speculative_method="ngram")
+    speculative = make_engine(**speculation)
     outputs = run(speculative, prompts, team)
     assert [out.outputs[0].token_ids for out in outputs] == plain
     assert speculative.scheduler.stats.num_verify_steps > 0
@@ -148,3 +157,41 @@ def test_a_constraint_that_does_not_compile_is_refused_without_holding_blocks(en
     with pytest.raises(ValueError, match="^regex"):
         engine.add_request("bad", "Hello", bad)
     assert not engine.has_unfinished_requests()
+
+
+def test_a_compiling_grammar_does_not_hold_back_other_requests(engine, monkeypatch):
+    """The compiler is held on an event until the unconstrained request has finished."""
+    engine.structured.compile(StructuredOutputsParams(json_object=True)).result(timeout=60)
+    compiler = engine.structured._compiler
+    compile_now = threading.Event()
+    compile_spec = compiler._compile
+
+    def held_compile(spec):
+        compile_now.wait(timeout=120)
+        return compile_spec(spec)
+
+    monkeypatch.setattr(compiler, "_compile", held_compile)
+    year = StructuredOutputsParams(regex=r"(19|20)[0-9]{2}")
+    engine.add_request(
+        "held", chat(engine, "A year?"), SamplingParams(max_tokens=8, structured_outputs=year)
+    )
+    engine.add_request(
+        "free", chat(engine, "Say hi."), SamplingParams(max_tokens=8, ignore_eos=True)
+    )
+    seen: dict[str, RequestOutput] = {}
+    try:
+        for _ in range(100):
+            seen |= {output.request_id: output for output in engine.step()}
+            if "free" in seen and seen["free"].finished:
+                break
+        assert seen["free"].finished and len(seen["free"].outputs[0].token_ids) == 8
+        assert "held" not in seen
+    finally:
+        compile_now.set()
+    for _ in range(200):
+        if not engine.has_unfinished_requests():
+            break
+        seen |= {output.request_id: output for output in engine.step()}
+    assert seen["held"].finished
+    assert re.fullmatch(r"(19|20)[0-9]{2}", seen["held"].outputs[0].text)
+    assert engine.kv_manager.pool.num_free_blocks == engine.num_blocks
