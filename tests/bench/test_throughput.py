@@ -67,3 +67,22 @@ def test_sampled_runs_repeat_with_a_seed_and_differ_from_greedy(smollm):
         run_throughput(engine, requests, name, False, keep, temperature=temperature, seed=seed)
         runs[name] = sorted(tokens)
     assert runs["a"] == runs["b"] != runs["greedy"]
+
+
+def test_a_json_schema_run_holds_outputs_to_it_and_reports_the_mask_cost(smollm):
+    engine = LLMEngine(EngineArgs(kv_cache_memory="32MiB"), smollm)
+    done = []
+
+    def keep(_: LLMEngine, outputs) -> None:
+        done.extend(out.outputs[0] for out in outputs if out.finished)
+
+    requests = [BenchRequest([500, 600, 700], None, 96), BenchRequest([800, 900], None, 96)]
+    result = run_throughput(engine, requests, "x", False, keep, json_schema="five_fields")
+    cost = result.structured
+    assert cost is not None and cost.num_masked_steps > 0 and cost.mask_ms_per_step > 0
+    assert cost.compile.compile_cold_s > cost.compile.compile_cached_s
+    assert "mask per step" in result.table()
+    for completion in done:  # complete JSON, or cut off by max_tokens inside it
+        assert completion.text.startswith("{")
+        if completion.finish_reason == "stop":
+            assert set(json.loads(completion.text)) == {"name", "age", "email", "member", "tags"}

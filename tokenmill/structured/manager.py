@@ -13,6 +13,7 @@ engine that never sees one starts as fast as before.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -39,6 +40,17 @@ class StructuredState:
     num_accepted: int = 0
 
 
+@dataclass
+class StructuredStats:
+    """Cumulative cost of constraining, for benchmarks: the steps that masked any row, the time
+    spent filling and applying their masks, and the time spent advancing matchers."""
+
+    num_masked_steps: int = 0
+    num_masked_rows: int = 0
+    mask_time_s: float = 0.0
+    accept_time_s: float = 0.0
+
+
 class StructuredOutputManager:
     def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
         """`vocab_size`: the width of the model's logits (it may exceed the tokenizer's)."""
@@ -47,6 +59,7 @@ class StructuredOutputManager:
         self._compiler: GrammarCompiler | None = None  # built on first use: the vocab costs time
         self._compiler_lock = threading.Lock()
         self._states: dict[str, StructuredState] = {}
+        self.stats = StructuredStats()
 
     def compile(self, spec: StructuredOutputsParams) -> Future[xgr.CompiledGrammar]:
         """Start compiling `spec` (or find it compiled); safe to call from any thread."""
@@ -84,6 +97,7 @@ class StructuredOutputManager:
         constrained = [item for item in sampling if item.request.request_id in self._states]
         if not constrained:
             return
+        start = time.perf_counter()
         import xgrammar as xgr
 
         bitmask = xgr.allocate_token_bitmask(logits.shape[0], logits.shape[-1])
@@ -96,10 +110,14 @@ class StructuredOutputManager:
             row += 1 + len(item.spec_token_ids)
         if rows:
             xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows)
+        self.stats.num_masked_steps += 1
+        self.stats.num_masked_rows += len(rows)
+        self.stats.mask_time_s += time.perf_counter() - start
 
     def accept(self, requests: Sequence[Request]) -> list[Request]:
         """Advance each constrained request's matcher over its new output tokens; returns the
         unfinished requests whose grammar has now ended (complete, or refusing a token)."""
+        start = time.perf_counter()
         ended = []
         for request in requests:
             state = self._states.get(request.request_id)
@@ -109,6 +127,7 @@ class StructuredOutputManager:
                 self.release(request.request_id)
             elif not self._advance(state, request.output_token_ids):
                 ended.append(request)
+        self.stats.accept_time_s += time.perf_counter() - start
         return ended
 
     @staticmethod
