@@ -17,7 +17,7 @@ FLOORS: list[list[str]] = [
     ["tokenmill"],  # the package root re-exports the offline API
     ["tokenmill.llm"],
     ["tokenmill.engine"],
-    ["tokenmill.spec"],
+    ["tokenmill.spec", "tokenmill.structured"],
     ["tokenmill.loader"],
     ["tokenmill.quant"],
     ["tokenmill.model"],

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from tokenmill.llm import LLM
 from tokenmill.sampling.params import SamplingParams
+from tokenmill.sampling.structured_outputs import StructuredOutputsParams
 
 
 @pytest.fixture(scope="module")
@@ -46,4 +50,67 @@ def test_chat_uses_the_template_and_stops_at_end_of_turn(llm):
 def test_a_bad_prompt_in_a_batch_adds_none_of_it(llm):
     with pytest.raises(ValueError, match="prompt_token_ids"):
         llm.generate(["fine", {"prompt_token_ids": [-1]}], use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_generate_refuses_a_constraint_that_does_not_compile(llm):
+    spec = StructuredOutputsParams(json='{"type": "object", "properties": 3')
+    with pytest.raises(ValueError, match="^json"):
+        llm.generate("Hi", SamplingParams(structured_outputs=spec), use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_generate_follows_a_regex(llm):
+    spec = StructuredOutputsParams(regex=r"[0-9]{2} (apples|pears)")
+    (output,) = llm.generate(
+        "Tell me a fact:", SamplingParams(max_tokens=8, structured_outputs=spec), use_tqdm=False
+    )
+    assert re.fullmatch(r"[0-9]{2} (apples|pears)", output.outputs[0].text)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}},
+            "required": ["city"],
+        },
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_chat_with_a_required_tool_returns_parsed_calls(llm):
+    params = SamplingParams(temperature=0, max_tokens=40)
+    (output,) = llm.chat(ASK, params, use_tqdm=False, tools=[WEATHER], tool_choice="required")
+    (completion,) = output.outputs
+    assert completion.finish_reason == "tool_calls"
+    call = completion.tool_calls[0]
+    assert call.name == "get_weather" and call.id
+    assert isinstance(json.loads(call.arguments)["city"], str)
+
+
+def test_chat_accepts_a_tool_result_turn(llm):
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    conversation = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature_c": 21}'},
+    ]
+    params = SamplingParams(temperature=0, max_tokens=8)
+    (output,) = llm.chat(conversation, params, use_tqdm=False, tools=[WEATHER])
+    assert output.outputs[0].text
+
+
+def test_chat_refuses_a_tool_choice_naming_no_tool(llm):
+    named = {"type": "function", "function": {"name": "get_news"}}
+    with pytest.raises(ValueError, match="get_news"):
+        llm.chat(ASK, use_tqdm=False, tools=[WEATHER], tool_choice=named)
     assert not llm.engine.has_unfinished_requests()

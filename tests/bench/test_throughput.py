@@ -81,3 +81,22 @@ def test_a_sessions_next_turn_is_sent_after_its_last_and_hits_its_prefix(smollm)
     result = run_throughput(engine, requests, "turns", use_tqdm=False, on_step=observe)
     assert [request_id.rsplit("-", 1)[1] for request_id in seen] == ["0", "1"]
     assert result.prefix_cache_hit_rate == 32 / 82  # the second turn's two full blocks
+
+
+def test_a_json_schema_run_holds_outputs_to_it_and_reports_the_mask_cost(smollm):
+    engine = LLMEngine(EngineArgs(kv_cache_memory="32MiB"), smollm)
+    done = []
+
+    def keep(_: LLMEngine, outputs) -> None:
+        done.extend(out.outputs[0] for out in outputs if out.finished)
+
+    requests = [BenchRequest([500, 600, 700], None, 96), BenchRequest([800, 900], None, 96)]
+    result = run_throughput(engine, requests, "x", False, keep, json_schema="five_fields")
+    cost = result.structured
+    assert cost is not None and cost.num_masked_steps > 0 and cost.mask_ms_per_step > 0
+    assert cost.compile.compile_cold_s > cost.compile.compile_cached_s
+    assert "mask per step" in result.table()
+    for completion in done:  # complete JSON, or cut off by max_tokens inside it
+        assert completion.text.startswith("{")
+        if completion.finish_reason == "stop":
+            assert set(json.loads(completion.text)) == {"name", "age", "email", "member", "tags"}

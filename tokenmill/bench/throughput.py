@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from tokenmill.bench.report import key_value_table
 from tokenmill.bench.stats import Distribution
+from tokenmill.bench.structured import StructuredCost, load_json_schema, measure_compile, snapshot
 from tokenmill.bench.workloads import BenchRequest
 from tokenmill.engine.engine import LLMEngine
 from tokenmill.engine.outputs import RequestOutput
@@ -47,6 +48,8 @@ class ThroughputResult:
     spec_mean_accepted_length: float = 0.0
     spec_draft_time_s: float = 0.0
     spec_verify_time_s: float = 0.0
+    # With a JSON schema on every request: its compile times and the masks' cost per step.
+    structured: StructuredCost | None = None
 
     def table(self) -> str:
         return key_value_table(
@@ -67,6 +70,7 @@ class ThroughputResult:
                 ("prefix-cache hit rate", f"{self.prefix_cache_hit_rate:.1%}"),
                 ("  of which from disk", f"{self.prefix_cache_disk_hit_rate:.1%}"),
                 *self._speculation_rows(),
+                *(self.structured.rows() if self.structured is not None else []),
             ]
         )
 
@@ -89,13 +93,21 @@ def run_throughput(
     on_step: StepObserver | None = None,
     temperature: float = 0.0,
     seed: int | None = None,
+    json_schema: str | None = None,
 ) -> ThroughputResult:
     """All requests arrive at once (offline), with ignore_eos so lengths are fixed; greedy, or
     sampled at `temperature` (request i seeded with `seed` + i when a seed is given).
 
+    `json_schema` (a built-in name or a file, bench/structured.py): every request's output is
+    held to that schema, so a request ends early when its JSON is complete. The schema is
+    compiled before the clock starts, its compile times reported apart.
+
     `on_step` sees the engine and the step's outputs after every step (the ablation reads KV
     occupancy and finish times there)."""
     before = dataclasses.replace(engine.scheduler.stats)  # the engine may have run before
+    spec = None if json_schema is None else load_json_schema(json_schema)
+    compile_times = None if spec is None else measure_compile(engine, spec)
+    structured_before = snapshot(engine)
     run_id = next(_run_ids)
     start = time.monotonic()
     followers: dict[int, list[int]] = {}  # request index -> the requests sent once it finishes
@@ -109,6 +121,7 @@ def run_throughput(
             max_tokens=requests[index].max_tokens,
             ignore_eos=True,
             seed=None if seed is None else seed + index,
+            structured_outputs=spec,
         )
         engine.add_request(f"bench-{run_id}-{index}", requests[index].prompt_input, params)
 
@@ -158,6 +171,11 @@ def run_throughput(
         )
         / max(queried, 1),
         **_speculation_summary(before, stats),
+        structured=None
+        if json_schema is None or compile_times is None
+        else StructuredCost.of(
+            json_schema, compile_times, structured_before, snapshot(engine), elapsed
+        ),
     )
 
 

@@ -3,12 +3,17 @@
 A step is three calls in one direction: `scheduler.schedule()` -> `runner.execute()` ->
 `scheduler.update()`; the output processor then turns the new tokens into text and reports the
 stop strings it finds, which the scheduler (the one owner of a request's end) applies.
+
+A request with structured outputs waits outside the scheduler until its grammar has compiled
+(in the background; others keep decoding meanwhile); the structured-output manager then follows
+its accepted tokens and reports when its grammar has ended.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from concurrent.futures import wait
 from typing import Any
 
 from tokenmill.config import EngineArgs, parse_dtype
@@ -26,6 +31,10 @@ from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.request import FinishReason, Request
 from tokenmill.sampling.params import SamplingParams
 from tokenmill.spec.setup import build_proposer, load_draft, speculation_policy
+from tokenmill.structured.manager import StructuredOutputManager
+
+GRAMMAR_WAIT_S = 0.05
+"""How long an otherwise idle step waits for a grammar to compile before returning."""
 
 PromptInput = str | list[int] | Mapping[str, Any]
 
@@ -92,6 +101,8 @@ class LLMEngine:
             speculation=speculation_policy(args),
         )
         proposer = build_proposer(args, draft, kv_caches, self.num_blocks)
+        self.structured = StructuredOutputManager(self.tokenizer, config.vocab_size)
+        self._awaiting_grammar: list[Request] = []  # constrained requests still compiling
         self.runner = ModelRunner(
             self.loaded.model,
             kv_caches,
@@ -101,6 +112,7 @@ class LLMEngine:
             prepack_batch_hint=args.prepack_batch_hint,
             disk_tier=self.disk_tier,
             layer_groups=self.kv_groups.group_of,
+            structured=self.structured,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.last_step_num_requests = 0  # requests the latest step computed (its batch size)
@@ -123,6 +135,11 @@ class LLMEngine:
         params = params or SamplingParams()
         text, token_ids = self._tokenize(prompt)
         self._check_fits(token_ids)
+        spec = params.structured_outputs
+        if spec is not None:
+            grammar = self.structured.compile(spec)
+            if grammar.done() and grammar.exception() is not None:
+                raise grammar.exception()  # type: ignore[misc]
         children = [
             Request(
                 request_id=request_id if params.n == 1 else f"{request_id}#{index}",
@@ -137,10 +154,14 @@ class LLMEngine:
         for sibling in children[1:]:  # they fork the first one's prompt KV (see Scheduler)
             sibling.parent_request_id = children[0].request_id
         self.output_processor.add(request_id, text, children)
-        for child in children:
-            self.scheduler.add_request(child)
+        if spec is not None:
+            self._awaiting_grammar += children
+        else:
+            for child in children:
+                self.scheduler.add_request(child)
 
     def step(self) -> list[RequestOutput]:
+        failed = self._schedule_compiled_requests()
         scheduled = self.scheduler.schedule()
         self.last_step_num_requests = len(scheduled.scheduled)
         result = self.runner.execute(scheduled)
@@ -151,12 +172,42 @@ class LLMEngine:
         progressed = [
             s.request for s in scheduled.scheduled if s.request.request_id in result.sampled
         ]
+        for request in self.structured.accept(progressed):
+            self.scheduler.stop_at_grammar_end(request)
         for hit in self.output_processor.update_text(progressed, result.logprobs):
             self.scheduler.stop_at_string(hit.request, hit.num_output_tokens, hit.stop)
         for request in progressed:
             if request.is_finished:
                 self.runner.release(request.request_id)
-        return self.output_processor.outputs(progressed)
+                self.structured.release(request.request_id)
+        return self.output_processor.outputs(failed + progressed)
+
+    def _schedule_compiled_requests(self) -> list[Request]:
+        """Hand the scheduler the waiting requests whose grammar has compiled, and those whose
+        grammar failed to compile for it to abort at once (returned). With nothing else to run,
+        wait briefly for a grammar rather than spin."""
+        if not self._awaiting_grammar:
+            return []
+        grammars = {
+            r.request_id: self.structured.compile(r.params.structured_outputs)  # type: ignore[arg-type]
+            for r in self._awaiting_grammar
+        }
+        if not self.scheduler.has_unfinished_requests():
+            wait(grammars.values(), timeout=GRAMMAR_WAIT_S, return_when="FIRST_COMPLETED")
+        failed, still_waiting = [], []
+        for request in self._awaiting_grammar:
+            grammar = grammars[request.request_id]
+            if not grammar.done():
+                still_waiting.append(request)
+            elif grammar.exception() is not None:
+                self.scheduler.add_request(request)
+                self.scheduler.finish_requests([request.request_id], FinishReason.ABORT)
+                failed.append(request)
+            else:
+                self.structured.start(request, grammar.result())
+                self.scheduler.add_request(request)
+        self._awaiting_grammar = still_waiting
+        return failed
 
     def abort_request(self, request_id: str | list[str]) -> None:
         """Cancel requests (by the id given to add_request); their blocks are freed at once."""
@@ -164,12 +215,16 @@ class LLMEngine:
         for parent_id in ids:
             children = self.output_processor.child_ids(parent_id)
             self.scheduler.finish_requests(children, FinishReason.ABORT)
+            self._awaiting_grammar = [
+                r for r in self._awaiting_grammar if r.request_id not in children
+            ]
             for child in children:
                 self.runner.release(child)
+                self.structured.release(child)
             self.output_processor.drop(parent_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or bool(self._awaiting_grammar)
 
     def close(self) -> None:
         """A clean shutdown, between steps, after which the engine is not stepped again: every

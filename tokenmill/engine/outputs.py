@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from tokenmill.request import RequestMetrics
 from tokenmill.sampling.sampler import TokenLogprobs
+from tokenmill.structured.tools import ToolCall
 
 
 @dataclass
@@ -19,6 +20,9 @@ class CompletionOutput:
     logprobs: list[TokenLogprobs] | None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # `LLM.chat` with tools: the calls parsed from the finished text (then finish_reason is
+    # "tool_calls"); None otherwise.
+    tool_calls: list[ToolCall] | None = None
 
 
 @dataclass

@@ -4,7 +4,9 @@ Each step it lays the scheduled tokens of all requests end to end (no padding), 
 where their keys and values go, runs the model once, and samples a token for every request
 whose known tokens are now all computed. With speculative decoding, a request's chunk ends with
 its drafts; the rejection sampler then decides how many to keep, and the proposer drafts the
-next ones.
+next ones. Rows of requests with structured outputs get their grammar's token mask before
+sampling (or verification, where each draft's row is masked as if the drafts before it were
+accepted).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tokenmill.sampling.sampler import (
 from tokenmill.scheduler_output import ScheduledRequest, SchedulerOutput
 from tokenmill.spec.proposer import Proposer
 from tokenmill.spec.rejection import DraftsToVerify, RejectionSampler
+from tokenmill.structured.manager import StructuredOutputManager
 
 PROMPT_LOGPROBS_ROWS = 256
 """Prompt positions scored per lm_head call: bounds the [rows, vocab] logits of a long prompt."""
@@ -58,12 +61,14 @@ class ModelRunner:
         prepack_batch_hint: int | None = None,
         disk_tier: DiskTier | None = None,
         layer_groups: tuple[int, ...] | None = None,
+        structured: StructuredOutputManager | None = None,
     ) -> None:
         """`kv_caches=None` runs without a KV cache: the scheduler then sends whole sequences.
         `native_decode_loop`: run decode steps' layers in one native call where the model and
         its weights allow (tokenmill/model/decode_loop.py).
         `prepack_batch_hint`: lay the float weights out for batched products of about that many
-        rows (`Linear.prepack`); None keeps only the plain weights."""
+        rows (`Linear.prepack`); None keeps only the plain weights.
+        `structured`: the grammar matchers whose token masks constrain their requests' rows."""
         prepare_weights(model, prepack_batch_hint)
         self.model = model
         self.kv_caches = kv_caches
@@ -78,6 +83,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.rejection_sampler = RejectionSampler()
         self.proposer = proposer
+        self.structured = structured
         self._generators: dict[str, torch.Generator | None] = {}
         self._prompt_logprobs_done: dict[str, int] = {}  # prompt positions already scored
 
@@ -108,6 +114,8 @@ class ModelRunner:
             output = RunnerOutput(prompt_logprobs=self._prompt_logprobs(out.scheduled, hidden))
             if sampling:
                 logits = self.model.compute_logits(hidden[self._sampling_rows(out.scheduled)])
+                if self.structured is not None:
+                    self.structured.mask_logits(sampling, logits)
                 self._sample(sampling, logits, output)
             output.verify_time_s = time.perf_counter() - start_time
             if self.proposer is not None:

@@ -9,8 +9,9 @@ cache usually makes cheap. KV comes through one KVCacheManager interface, whatev
 mode. The scheduler never sees a tensor.
 
 The scheduler alone ends a request: on a stop token, EOS, max_tokens or the context length as
-it appends tokens, on a stop string the output processor reports (`stop_at_string`), or on an
-abort.
+it appends tokens, on a stop string the output processor reports (`stop_at_string`), when a
+request's grammar has ended (`stop_at_grammar_end`, reported by the structured-output manager),
+or on an abort.
 
 With speculative decoding, a chunk that reaches a request's last token also carries the drafts
 proposed after the previous step; the runner verifies them, and `update` keeps the accepted
@@ -173,6 +174,13 @@ class Scheduler:
         request.truncate_output(num_output_tokens)
         request.finish_reason, request.stop_reason = FinishReason.STOP, stop
         if not request.is_finished:
+            self._finish(request, time.monotonic())
+
+    def stop_at_grammar_end(self, request: Request) -> None:
+        """The request's output grammar has ended (it is complete, or allows nothing further):
+        end the request after its last token, as a stop token would."""
+        if not request.is_finished:
+            request.finish_reason = FinishReason.STOP
             self._finish(request, time.monotonic())
 
     @staticmethod

@@ -9,6 +9,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tokenmill.sampling.structured_outputs import StructuredOutputsParams
+
 MAX_LOGPROBS = 20
 """Most top-N logprobs one token may ask for; bounds the per-step topk work and the payload."""
 
@@ -97,6 +99,7 @@ class SamplingParams:
     # Keep this prompt's cached prefix blocks for at least this many seconds after use
     # (bounded by the engine's max_retained_kv_fraction); None: plain LRU caching.
     cache_ttl: float | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         self.n = _int_in("n", self.n, ">= 1", lambda n: n >= 1)
@@ -137,6 +140,13 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.structured_outputs is not None and not isinstance(
+            self.structured_outputs, StructuredOutputsParams
+        ):
+            raise ValueError(
+                "structured_outputs must be a StructuredOutputsParams or None, "
+                f"got {self.structured_outputs!r}"
+            )
 
     @property
     def greedy(self) -> bool:

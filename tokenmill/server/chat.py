@@ -1,7 +1,9 @@
 """POST /v1/chat/completions: the messages rendered with the model's chat template, `n` choices.
 
 A stream opens each choice with a `{"role": "assistant", "content": ""}` delta, as OpenAI does,
-then sends content deltas and a last delta carrying the finish reason.
+then sends content deltas and a last delta carrying the finish reason. With tools
+(structured/tools.py) a choice's text is held until it is complete, then sent as tool-call
+deltas if it holds calls, with finish reason "tool_calls", or else as content.
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ from tokenmill.server.protocol import (
     ChatCompletionResponse,
     ChatLogprobs,
     ChatStreamChoice,
+    DeltaFunctionCall,
     DeltaMessage,
+    DeltaToolCall,
+    ToolCall,
 )
 from tokenmill.server.serving import (
     SSE_DONE,
+    Constraint,
     EngineStreamingResponse,
     Prompt,
     ServingContext,
@@ -36,14 +42,18 @@ from tokenmill.server.serving import (
     check_fits,
     close_all,
     collect,
+    compile_constraint,
     created_at,
     new_id,
+    output_constraint,
     sampling_params,
     sse,
     sse_error,
     submit,
     usage,
 )
+from tokenmill.server.tools import plan_tools, template_messages, tool_calls
+from tokenmill.structured.tools import ToolPlan
 
 
 @dataclass
@@ -53,6 +63,7 @@ class _Job:
     prompt: Prompt
     logprobs: bool
     n: int
+    tools: ToolPlan | None = None
     id: str = field(default_factory=lambda: new_id("chatcmpl"))
     created: int = field(default_factory=created_at)
 
@@ -60,6 +71,12 @@ class _Job:
         return ChatCompletionChunk(
             id=self.id, created=self.created, model=self.ctx.model_name, choices=choices
         )
+
+    def tool_calls(self, out: CompletionOutput) -> list[ToolCall] | None:
+        """The calls a finished choice makes, if the request has tools and it made any."""
+        if self.tools is None or out.finish_reason != "stop":
+            return None
+        return tool_calls(self.tools, out.text)
 
     def logprobs_of(self, out: CompletionOutput, start: int) -> ChatLogprobs | None:
         if not self.logprobs or out.logprobs is None:
@@ -83,11 +100,21 @@ async def create_chat_completion(
                 f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {req.top_logprobs}",
                 "top_logprobs",
             )
-    prompt = chat_prompt(ctx.tokenizer, req.messages)
+    tools = plan_tools(req)
+    prompt = chat_prompt(ctx.tokenizer, req.messages, template_messages(req.messages, tools))
     top = (req.top_logprobs or 0) if req.logprobs else None
-    params = sampling_params(req, max_tokens=max_tokens, logprobs=top)
+    constraint = output_constraint(req)
+    if tools is not None and tools.constraint is not None:
+        if constraint is not None:
+            raise bad_request(
+                f"tool_choice {tools.mode!r} cannot be combined with {constraint.param}",
+                "tool_choice",
+            )
+        constraint = Constraint(tools.constraint, "tools")
+    params = sampling_params(req, max_tokens=max_tokens, logprobs=top, constraint=constraint)
     check_fits(ctx, prompt, max_tokens, "messages")
-    job = _Job(ctx, req, prompt, bool(req.logprobs), params.n)
+    await compile_constraint(ctx, constraint)
+    job = _Job(ctx, req, prompt, bool(req.logprobs), params.n, tools)
     streams = await submit(ctx, job.id, [prompt], params, "messages")
     if req.stream:
         return EngineStreamingResponse(_stream(job, streams[0]), streams)
@@ -95,15 +122,23 @@ async def create_chat_completion(
         (output,) = await collect(streams, request)
     finally:
         close_all(streams)
-    choices = [
-        ChatChoice(
-            index=out.index,
-            message=AssistantMessage(content=out.text),
-            logprobs=job.logprobs_of(out, 0),
-            finish_reason=out.finish_reason,
+    choices = []
+    for out in output.outputs:
+        calls = job.tool_calls(out)
+        message = (
+            AssistantMessage(content=out.text)
+            if calls is None
+            else AssistantMessage(content=None, tool_calls=calls)
         )
-        for out in output.outputs
-    ]
+        finish_reason = out.finish_reason if calls is None else "tool_calls"
+        choices.append(
+            ChatChoice(
+                index=out.index,
+                message=message,
+                logprobs=job.logprobs_of(out, 0),
+                finish_reason=finish_reason,
+            )
+        )
     num_tokens = sum(len(out.token_ids) for out in output.outputs)
     response = ChatCompletionResponse(
         id=job.id,
@@ -130,6 +165,11 @@ async def _stream(job: _Job, stream: RequestStream) -> AsyncIterator[str]:
         yield sse(job.chunk(opening), exclude)
         async for output in stream:
             for out in output.outputs:
+                if job.tools is not None:
+                    if out.finish_reason is not None and not sent_tokens[out.index]:
+                        sent_tokens[out.index] = len(out.token_ids)
+                        yield sse(job.chunk(_final_tool_choice(job, out)), exclude)
+                    continue
                 new_text = out.text[sent_chars[out.index] :]
                 if not new_text and out.finish_reason is None:
                     continue
@@ -150,3 +190,34 @@ async def _stream(job: _Job, stream: RequestStream) -> AsyncIterator[str]:
     except Exception as exc:
         yield sse_error(exc)
     yield SSE_DONE
+
+
+def _final_tool_choice(job: _Job, out: CompletionOutput) -> list[ChatStreamChoice]:
+    """A finished choice of a request with tools, in one delta: its calls, or its text."""
+    calls = job.tool_calls(out)
+    if calls is None:
+        delta = DeltaMessage(content=out.text)
+        finish_reason = out.finish_reason
+    else:
+        delta = DeltaMessage(
+            tool_calls=[
+                DeltaToolCall(
+                    index=i,
+                    id=call.id,
+                    type="function",
+                    function=DeltaFunctionCall(
+                        name=call.function.name, arguments=call.function.arguments
+                    ),
+                )
+                for i, call in enumerate(calls)
+            ]
+        )
+        finish_reason = "tool_calls"
+    return [
+        ChatStreamChoice(
+            index=out.index,
+            delta=delta,
+            logprobs=job.logprobs_of(out, 0),
+            finish_reason=finish_reason,
+        )
+    ]

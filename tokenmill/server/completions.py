@@ -34,9 +34,11 @@ from tokenmill.server.serving import (
     check_fits,
     close_all,
     collect,
+    compile_constraint,
     created_at,
     merge,
     new_id,
+    output_constraint,
     sampling_params,
     sse,
     sse_error,
@@ -141,14 +143,17 @@ async def create_completion(
         raise bad_request(f"max_tokens must be {allowed}, got {max_tokens}", "max_tokens")
     echo_only = echo and max_tokens == 0
     prompts = _prompts(ctx.tokenizer, req.prompt)
+    constraint = output_constraint(req)
     params = sampling_params(
         req,
         max_tokens=1 if echo_only else max_tokens,
         logprobs=req.logprobs,
         prompt_logprobs=req.logprobs if echo else None,
+        constraint=constraint,
     )
     for prompt in prompts:
         check_fits(ctx, prompt, params.max_tokens, "prompt")
+    await compile_constraint(ctx, constraint)
     fmt = CompletionFormat(ctx.tokenizer, echo, echo_only, req.logprobs is not None)
     job = _Job(ctx, req, prompts, fmt, params.n)
     streams = await submit(ctx, job.id, prompts, params, "prompt")

@@ -29,6 +29,35 @@ class CacheOptions(RequestModel):
     ttl: float | None = None
 
 
+class JsonSchemaFormat(RequestModel):
+    """OpenAI's `response_format.json_schema`: a named schema (`schema` on the wire)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(RequestModel):
+    """OpenAI's `response_format`; its `type` is checked by the handler, so an unknown one is a
+    400 that lists the known ones."""
+
+    type: str
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(RequestModel):
+    """vLLM's `structured_outputs`: exactly one constraint."""
+
+    json_schema: str | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class SamplingFields(RequestModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -51,6 +80,8 @@ class SamplingFields(RequestModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     cache: CacheOptions | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -69,24 +100,66 @@ class TextContentPart(RequestModel):
     text: str
 
 
+class FunctionCallIn(RequestModel):
+    name: str
+    arguments: str  # a JSON string, as OpenAI sends it
+
+
+class ToolCallIn(RequestModel):
+    """A tool call of an earlier assistant turn, sent back by the client."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(RequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
 
-    def as_template_message(self) -> dict[str, Any]:
-        """The message as the chat template expects it: content as one string."""
+    @property
+    def text(self) -> str:
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
-        message: dict[str, Any] = {"role": self.role, "content": content or ""}
+        return content or ""
+
+    def as_template_message(self) -> dict[str, Any]:
+        """The message as the chat template expects it: content as one string."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text}
         if self.name is not None:
             message["name"] = self.name
         return message
 
 
+class FunctionDefinition(RequestModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(RequestModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(RequestModel):
+    name: str
+
+
+class NamedToolChoice(RequestModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
@@ -159,9 +232,28 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # a JSON string: OpenAI's type, which its SDK relies on
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_absent_tool_calls(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("tool_calls") is None:
+            data.pop("tool_calls", None)
+        return data
 
 
 class ChatChoice(BaseModel):
@@ -180,11 +272,24 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
+
+
 class DeltaMessage(BaseModel):
     """A streamed piece of the assistant message; absent fields are left out, not null."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_absent(self, handler: Any) -> dict[str, Any]:

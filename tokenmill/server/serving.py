@@ -30,6 +30,7 @@ from tokenmill.engine.async_engine import (
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.loader.tokenizer import Tokenizer
 from tokenmill.sampling.params import SamplingParams
+from tokenmill.sampling.structured_outputs import StructuredOutputsParams
 from tokenmill.server.errors import APIError, bad_request, internal_error, param_named_in
 from tokenmill.server.protocol import (
     ChatMessage,
@@ -41,6 +42,8 @@ from tokenmill.server.protocol import (
 
 MAX_N = 16
 """Most completions one request may ask for per prompt."""
+
+RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 
 RETRY_AFTER_S = 1
 _SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
@@ -84,14 +87,81 @@ def created_at() -> int:
     return int(time.time())
 
 
-def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage]) -> Prompt:
+def chat_prompt(
+    tokenizer: Tokenizer,
+    messages: list[ChatMessage],
+    rendered: list[dict[str, Any]] | None = None,
+) -> Prompt:
+    """The prompt of a conversation; `rendered`: the messages as the template is to see them,
+    when that is not simply each message's own rendering."""
     if not messages:
         raise bad_request("messages must hold at least one message", "messages")
+    if rendered is None:
+        rendered = [m.as_template_message() for m in messages]
     try:
-        text = tokenizer.apply_chat_template([m.as_template_message() for m in messages])
+        text = tokenizer.apply_chat_template(rendered)
     except (ValueError, jinja2.TemplateError) as exc:
         raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from exc
     return Prompt(text, tokenizer.encode(text, add_special_tokens=False))
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A request's output constraint and the request field it came from (for error bodies)."""
+
+    spec: StructuredOutputsParams
+    param: str
+
+
+def output_constraint(req: SamplingFields) -> Constraint | None:
+    """The constraint of OpenAI's `response_format` or vLLM's `structured_outputs` (not both);
+    a malformed one is a 400 naming the field."""
+    fmt, vllm = req.response_format, req.structured_outputs
+    if fmt is not None and fmt.type != "text" and vllm is not None:
+        raise bad_request(
+            "set response_format or structured_outputs, not both", "structured_outputs"
+        )
+    if vllm is not None:
+        try:
+            spec = StructuredOutputsParams(
+                json=vllm.json_schema,
+                regex=vllm.regex,
+                choice=vllm.choice,
+                grammar=vllm.grammar,
+                json_object=vllm.json_object,
+            )
+        except ValueError as exc:
+            raise bad_request(f"structured_outputs: {exc}", "structured_outputs") from exc
+        return Constraint(spec, "structured_outputs")
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return Constraint(StructuredOutputsParams(json_object=True), "response_format")
+    if fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.json_schema is None:
+            raise bad_request(
+                "response_format of type json_schema needs json_schema.schema", "response_format"
+            )
+        return Constraint(
+            StructuredOutputsParams(json=fmt.json_schema.json_schema), "response_format"
+        )
+    known = ", ".join(RESPONSE_FORMAT_TYPES)
+    raise bad_request(
+        f"response_format.type must be one of {known}, got {fmt.type!r}", "response_format"
+    )
+
+
+async def compile_constraint(ctx: ServingContext, constraint: Constraint | None) -> None:
+    """Wait, off the engine loop, until the constraint's grammar is compiled, so a request only
+    reaches the engine with a grammar it can use; one that does not compile is a 400."""
+    if constraint is None:
+        return
+    # The first constraint also builds the grammar compiler's vocabulary: not on the event loop.
+    grammar = await asyncio.to_thread(ctx.engine.engine.structured.compile, constraint.spec)
+    try:
+        await asyncio.wrap_future(grammar)
+    except ValueError as exc:
+        raise bad_request(f"{constraint.param}: {exc}", constraint.param) from exc
 
 
 def sampling_params(
@@ -100,6 +170,7 @@ def sampling_params(
     max_tokens: int | None,
     logprobs: int | None,
     prompt_logprobs: int | None = None,
+    constraint: Constraint | None = None,
 ) -> SamplingParams:
     """SamplingParams for `req`; a value it rejects is a 400 naming the field."""
     n = 1 if req.n is None else req.n
@@ -124,6 +195,7 @@ def sampling_params(
         "logprobs": logprobs,
         "prompt_logprobs": prompt_logprobs,
         "cache_ttl": _cache_ttl(req),
+        "structured_outputs": None if constraint is None else constraint.spec,
     }
     try:  # a null field takes SamplingParams' default; null max_tokens means "to the context"
         return SamplingParams(

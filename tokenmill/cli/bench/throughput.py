@@ -24,19 +24,34 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     throughput.add_argument(
         "--seed", type=int, default=None, help="with --temperature: request i uses seed + i"
     )
+    throughput.add_argument(
+        "--json-schema",
+        default=None,
+        help="constrain every request to a JSON schema: five_fields (built in) or a schema file",
+    )
     add_engine_args(throughput)
     throughput.set_defaults(func=run)
 
 
 def run(ns: argparse.Namespace) -> int:
     from tokenmill.bench.report import write_json
+    from tokenmill.bench.structured import load_json_schema
     from tokenmill.bench.throughput import run_throughput
     from tokenmill.bench.workloads import load_workload
 
     requests = load_workload(ns.workload)
+    if ns.json_schema is not None:
+        load_json_schema(ns.json_schema)  # a missing file fails before the model loads
     args = engine_args_from(ns)
     engine = LLMEngine(args)
-    result = run_throughput(engine, requests, ns.workload, temperature=ns.temperature, seed=ns.seed)
+    result = run_throughput(
+        engine,
+        requests,
+        ns.workload,
+        temperature=ns.temperature,
+        seed=ns.seed,
+        json_schema=ns.json_schema,
+    )
     engine.close()  # a disk tier keeps the cached blocks for the next run on its directory
     print(result.table())
     if ns.json:

@@ -1,0 +1,105 @@
+"""Tool calling on /v1/chat/completions through the official openai client."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+MODEL = "smollm2-135m-instruct"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}},
+            "required": ["city"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return server.openai()
+
+
+def ask(client, **kwargs):
+    return client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER, TIME], temperature=0, max_tokens=40, **kwargs
+    )
+
+
+def test_required_tool_choice_returns_a_valid_call_with_string_arguments(client):
+    (choice,) = ask(client, tool_choice="required").choices
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.id
+    assert call.function.name in ("get_weather", "get_time")
+    assert isinstance(call.function.arguments, str)
+    arguments = json.loads(call.function.arguments)
+    if call.function.name == "get_weather":
+        assert isinstance(arguments["city"], str) and len(arguments["city"]) <= 20
+
+
+def test_named_tool_choice_calls_that_function(client):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    (choice,) = ask(client, tool_choice=named).choices
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert set(json.loads(call.function.arguments)) == {"city"}
+
+
+def test_streamed_tool_call_deltas_reassemble_to_the_same_call(client):
+    (whole,) = ask(client, tool_choice="required").choices
+    calls: dict[int, dict[str, str]] = {}
+    finish_reason = None
+    for chunk in ask(client, tool_choice="required", stream=True):
+        for choice in chunk.choices:
+            finish_reason = choice.finish_reason or finish_reason
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"name": "", "arguments": ""})
+                call["name"] += delta.function.name or ""
+                call["arguments"] += delta.function.arguments or ""
+    assert finish_reason == "tool_calls"
+    assert [calls[i] for i in sorted(calls)] == [
+        {"name": c.function.name, "arguments": c.function.arguments}
+        for c in whole.message.tool_calls
+    ]
+
+
+def test_a_second_turn_with_the_tool_result_is_accepted(client):
+    (first,) = ask(client, tool_choice="required").choices
+    call = first.message.tool_calls[0]
+    messages = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 21}'},
+    ]
+    response = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER], tool_choice="none", max_tokens=8
+    )
+    assert response.choices[0].message.content is not None
+
+
+def test_an_unknown_function_in_tool_choice_is_a_400(client):
+    with pytest.raises(openai.BadRequestError) as error:
+        ask(client, tool_choice={"type": "function", "function": {"name": "get_news"}})
+    assert error.value.body["param"] == "tool_choice"
+    assert "get_news" in error.value.body["message"]
+
+
+def test_parameters_that_are_not_an_object_schema_are_a_400(client):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=MODEL, messages=ASK, tools=[tool], max_tokens=4)
+    assert error.value.body["param"] == "tools"

@@ -1,0 +1,47 @@
+"""Tool calling on /v1/chat/completions: the request's tools and messages handed to the shared
+tool logic (tokenmill/structured/tools.py), its errors as 400s and its calls as response models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenmill.server.errors import bad_request
+from tokenmill.server.protocol import ChatCompletionRequest, ChatMessage, FunctionCall, ToolCall
+from tokenmill.structured import tools
+from tokenmill.structured.tools import ToolPlan
+
+
+def plan_tools(req: ChatCompletionRequest) -> ToolPlan | None:
+    """The request's use of tools (None: no tools in play); bad tools or tool_choice are 400s."""
+    choice = req.tool_choice
+    try:
+        return tools.plan_tools(
+            [tool.model_dump(exclude_none=True) for tool in req.tools or []],
+            choice if choice is None or isinstance(choice, str) else choice.model_dump(),
+        )
+    except tools.ToolError as exc:
+        raise bad_request(str(exc), exc.param) from exc
+
+
+def template_messages(messages: list[ChatMessage], plan: ToolPlan | None) -> list[dict[str, Any]]:
+    """The conversation for the chat template, tools and earlier calls written in."""
+    return tools.template_messages([_openai_message(m) for m in messages], plan)
+
+
+def tool_calls(plan: ToolPlan, text: str) -> list[ToolCall] | None:
+    """The calls in a finished choice's text, as the response carries them."""
+    calls = plan.parse(text)
+    if calls is None:
+        return None
+    return [
+        ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls
+    ]
+
+
+def _openai_message(message: ChatMessage) -> dict[str, Any]:
+    rendered = message.as_template_message()
+    if message.tool_calls:
+        rendered["tool_calls"] = [call.model_dump() for call in message.tool_calls]
+    if message.role == "tool" and message.tool_call_id is not None:
+        rendered["tool_call_id"] = message.tool_call_id
+    return rendered
