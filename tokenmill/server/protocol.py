@@ -43,6 +43,9 @@ class SamplingFields(RequestModel):
     include_stop_str_in_output: bool | None = False
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    # The semantic response cache (--semantic-cache): true lets a sampled request be served
+    # from it, false keeps even a greedy one away from it; null: greedy requests only.
+    semantic_cache: bool | None = None
 
     @property
     def include_usage(self) -> bool:
