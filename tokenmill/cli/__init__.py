@@ -8,11 +8,13 @@ import sys
 
 from tokenmill.cli import (
     bench,
+    cache,
     chat,
     evaluate,
     export_hf,
     generate,
     quantize,
+    router,
     serve,
     train_eagle,
 )
@@ -23,7 +25,18 @@ __all__ = ["add_engine_args", "build_parser", "engine_args_from", "main"]
 
 DESCRIPTION = "`tokenmill` command line: generate, chat, serve, bench."
 
-COMMANDS = (generate, chat, serve, bench, quantize, train_eagle, evaluate, export_hf)
+COMMANDS = (
+    generate,
+    chat,
+    serve,
+    bench,
+    quantize,
+    train_eagle,
+    evaluate,
+    export_hf,
+    router,
+    cache,
+)
 """In the order `tokenmill --help` lists them."""
 
 
