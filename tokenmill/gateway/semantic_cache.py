@@ -118,7 +118,8 @@ class SemanticCache:
         self.embedder = embedder
         self.clock = clock
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
-        self._scopes: dict[str, set[str]] = {}
+        self._expiry: OrderedDict[str, float] = OrderedDict()  # soonest first (one TTL for all)
+        self._scopes: dict[str, _ScopeIndex] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -131,17 +132,16 @@ class SemanticCache:
         if key in self._entries:
             self._entries.move_to_end(key)
             return EXACT, self._entries[key].answer
-        keys = list(self._scopes.get(scope, ()))
-        if not keys:
+        index = self._scopes.get(scope)
+        if index is None:
             return None
-        vectors = np.stack([self._entries[k].vector for k in keys])
-        similarity = vectors @ self.embedder.embed([query])[0]
-        for index in np.argsort(-similarity):
-            if similarity[index] < self.settings.threshold:
-                break
-            entry = self._entries[keys[index]]
+        similarity = index.similarity(self.embedder.embed([query])[0])
+        candidates = np.flatnonzero(similarity >= self.settings.threshold)
+        for row in candidates[np.argsort(-similarity[candidates])]:
+            key = index.keys[row]
+            entry = self._entries[key]
             if not self.settings.guard or same_particulars(query, entry.query):
-                self._entries.move_to_end(keys[index])
+                self._entries.move_to_end(key)
                 return SEMANTIC, entry.answer
         return None
 
@@ -152,22 +152,52 @@ class SemanticCache:
         vector = self.embedder.embed([query])[0]
         expires = self.clock() + self.settings.ttl_s
         self._entries[key] = _Entry(scope, query, vector, answer, expires)
-        self._scopes.setdefault(scope, set()).add(key)
+        self._expiry[key] = expires
+        self._scopes.setdefault(scope, _ScopeIndex(self.embedder.dim)).add(key, vector)
         while len(self._entries) > self.settings.capacity:
             self._remove(next(iter(self._entries)))
 
     def _drop_expired(self) -> None:
         now = self.clock()
-        for key in [k for k, e in self._entries.items() if e.expires <= now]:
-            self._remove(key)
+        while self._expiry and next(iter(self._expiry.values())) <= now:
+            self._remove(next(iter(self._expiry)))
 
     def _remove(self, key: str) -> None:
         entry = self._entries.pop(key, None)
         if entry is not None:
-            keys = self._scopes[entry.scope]
-            keys.discard(key)
-            if not keys:
+            del self._expiry[key]
+            index = self._scopes[entry.scope]
+            index.remove(key)
+            if not index.keys:
                 del self._scopes[entry.scope]
+
+
+class _ScopeIndex:
+    """The vectors of one scope's entries as rows of one matrix (grown by doubling; a removed
+    row is filled by the last), so a lookup is one matrix-vector product."""
+
+    def __init__(self, dim: int) -> None:
+        self.keys: list[str] = []
+        self._rows: dict[str, int] = {}
+        self._matrix = np.zeros((8, dim), dtype=np.float32)
+
+    def add(self, key: str, vector: np.ndarray) -> None:
+        if len(self.keys) == len(self._matrix):
+            self._matrix = np.concatenate([self._matrix, np.zeros_like(self._matrix)])
+        self._rows[key] = len(self.keys)
+        self._matrix[len(self.keys)] = vector
+        self.keys.append(key)
+
+    def remove(self, key: str) -> None:
+        row, last = self._rows.pop(key), len(self.keys) - 1
+        if row != last:
+            moved = self.keys[last]
+            self.keys[row], self._rows[moved] = moved, row
+            self._matrix[row] = self._matrix[last]
+        self.keys.pop()
+
+    def similarity(self, vector: np.ndarray) -> np.ndarray:
+        return self._matrix[: len(self.keys)] @ vector
 
 
 def _key(scope: str, query: str) -> str:
