@@ -20,17 +20,24 @@ def record(small: bool, large: bool, conf: float) -> dict:
 RECORDS = [record(True, True, -0.1), record(False, True, -2.0), record(True, False, -0.5)]
 
 
-def test_arithmetic_is_graded_on_the_first_number_of_the_answer():
+def test_arithmetic_is_graded_on_the_first_number_after_the_last_equals_sign():
     item = Item("arithmetic", "What is 12 + 7?", ("19",))
-    assert item.grade("19")
+    assert item.grade(" 19")
     assert item.grade("The answer is 19.")
-    assert not item.grade("12 + 7 = 19")
+    assert item.grade("12 + 7 = 19")
+    assert not item.grade("18, or 19")
 
 
 def test_sentiment_is_graded_on_the_first_label_named():
     item = Item("sentiment", "...", ("negative",))
     assert item.grade("Negative.")
     assert not item.grade("positive, not negative")
+
+
+def test_every_question_is_asked_after_examples_of_its_kind():
+    item = Item("factual", "Who wrote Emma?", ("Austen",))
+    assert item.prompt.startswith("Q: What is the capital of Poland?\nA: Warsaw\n")
+    assert item.prompt.endswith("Q: Who wrote Emma?\nA:")
 
 
 def test_the_routing_set_is_the_same_on_every_call():

@@ -137,5 +137,9 @@ def _add_speculative_args(parser: argparse.ArgumentParser, defaults: dict) -> No
 
 
 def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
-    """Every EngineArgs field from the flag of the same name (`--kv-cache` -> kv_cache)."""
-    return EngineArgs(**{field.name: getattr(ns, field.name) for field in fields(EngineArgs)})
+    """Every EngineArgs field from the flag of the same name (`--kv-cache` -> kv_cache); a
+    repeatable `--model` gives its first (the default when not given)."""
+    values = {field.name: getattr(ns, field.name) for field in fields(EngineArgs)}
+    if values["model"] is None or isinstance(values["model"], list):
+        values["model"] = (values["model"] or [EngineArgs.model])[0]
+    return EngineArgs(**values)

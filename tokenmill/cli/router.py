@@ -56,7 +56,7 @@ def run_train(ns: argparse.Namespace) -> int:
 
     records = read_records(ns.results)
     labels = [needs_large(r) for r in records]
-    classifier = train_classifier([r["prompt"] for r in records], labels, packaged_embedder())
+    classifier = train_classifier([r["question"] for r in records], labels, packaged_embedder())
     classifier.save(ns.out)
-    print(f"trained on {len(records)} prompts ({sum(labels)} need the large model): {ns.out}")
+    print(f"trained on {len(records)} questions ({sum(labels)} need the large model): {ns.out}")
     return 0

@@ -5,11 +5,9 @@ several (repeated `--model`, or `--config`), with optional routing and a semanti
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 
 from tokenmill.cli.engine_args import add_engine_args, engine_args_from
-from tokenmill.config import EngineArgs
 from tokenmill.gateway.confidence import CONFIDENCE_METRICS
 from tokenmill.gateway.routing import DEFAULT_THRESHOLDS, POLICIES
 from tokenmill.gateway.semantic_cache import DEFAULT_THRESHOLD, CacheSettings
@@ -126,9 +124,7 @@ def _models_and_routes(ns: argparse.Namespace) -> tuple[list, dict]:
     from tokenmill.gateway.routing import route_spec
     from tokenmill.gateway.serve_config import read_serve_config
 
-    base_ns = copy.copy(ns)
-    base_ns.model = (ns.model or [EngineArgs.model])[0]
-    base = engine_args_from(base_ns)
+    base = engine_args_from(ns)
     if ns.config is not None:
         if ns.model:
             raise ValueError("give the models either with --model or in --config, not both")

@@ -21,26 +21,26 @@ import numpy as np
 from tokenmill.gateway.classifier import train_classifier
 from tokenmill.gateway.confidence import confidence
 from tokenmill.gateway.embedding import packaged_embedder
-from tokenmill.gateway.router_data import Item
+from tokenmill.gateway.router_data import STOP, Item
 from tokenmill.llm import LLM
 from tokenmill.sampling.params import SamplingParams
 
 
 def run_models(items: Sequence[Item], small: str, large: str, max_tokens: int = 16) -> list[dict]:
     """One record per item: each model's answer and correctness, the small one's confidence."""
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=0)
-    conversations = [[{"role": "user", "content": item.prompt}] for item in items]
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, stop=[STOP], logprobs=0)
+    prompts = [item.prompt for item in items]
     answers = {}
     for role, model in (("small", small), ("large", large)):
         llm = LLM(model=model, kv_cache_memory="256MiB")
-        answers[role] = llm.chat(conversations, params, use_tqdm=False)
+        answers[role] = llm.generate(prompts, params, use_tqdm=False)
         del llm
     records = []
     for item, s, g in zip(items, answers["small"], answers["large"], strict=True):
         records.append(
             {
                 "kind": item.kind,
-                "prompt": item.prompt,
+                "question": item.question,
                 "answers": list(item.answers),
                 "small_answer": s.outputs[0].text,
                 "large_answer": g.outputs[0].text,
@@ -72,7 +72,8 @@ def cascade_curve(records: Sequence[dict], metric: str) -> list[dict]:
 
 
 def classifier_curve(records: Sequence[dict], folds: int = 2, seed: int = 0) -> list[dict]:
-    """Scores from classifiers that never saw the prompt they score."""
+    """Scores from classifiers that never saw the question they score (empty when a fold
+    holds one label only: nothing to learn)."""
     embedder = packaged_embedder()
     order = np.random.default_rng(seed).permutation(len(records))
     scores = np.zeros(len(records))
@@ -80,11 +81,11 @@ def classifier_curve(records: Sequence[dict], folds: int = 2, seed: int = 0) -> 
         test = order[fold::folds]
         train = np.setdiff1d(order, test)
         clf = train_classifier(
-            [records[i]["prompt"] for i in train],
+            [records[i]["question"] for i in train],
             [needs_large(records[i]) for i in train],
             embedder,
         )
-        scores[test] = clf.prob_large([records[i]["prompt"] for i in test])
+        scores[test] = clf.prob_large([records[i]["question"] for i in test])
     small = np.array([r["small_correct"] for r in records])
     large = np.array([r["large_correct"] for r in records])
     rows = []
@@ -125,6 +126,8 @@ def summary(records: Sequence[dict]) -> dict:
     }
     policies = {}
     for name, curve in curves.items():
+        if not curve:
+            continue
         policies[name] = {"curve": curve, "best_accuracy": max(r["accuracy"] for r in curve)}
         for label, target in (
             ("large", large),

@@ -1,6 +1,10 @@
-"""The routing evaluation set: prompts graded automatically, that both models can partly
+"""The routing evaluation set: questions graded automatically, that both models can partly
 solve. Arithmetic is generated from a fixed seed; the factual questions and the sentences to
-classify are written here. Each item says how to grade an answer."""
+classify are written here. Each item says how to grade an answer.
+
+Each is asked as a few-shot completion ("Q: ...\nA:", stopping at the line's end), a format a
+base model (the packaged Gemma 3 270M has no chat tuning) answers as well as an instruct one.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +15,32 @@ from dataclasses import dataclass
 SEED = 36
 
 
+FEW_SHOT = {
+    "arithmetic": "Q: What is 3 + 5?\nA: 8\nQ: What is 10 - 4?\nA: 6\nQ: What is 6 * 7?\nA: 42\n",
+    "factual": "Q: What is the capital of Poland?\nA: Warsaw\n"
+    "Q: Who wrote Hamlet?\nA: William Shakespeare\n",
+    "sentiment": 'Q: Sentiment of "I really enjoyed the meal."?\nA: positive\n'
+    'Q: Sentiment of "The room was cold and noisy."?\nA: negative\n',
+}
+STOP = "\n"
+
+
 @dataclass(frozen=True)
 class Item:
     kind: str  # arithmetic | factual | sentiment
-    prompt: str
+    question: str
     answers: tuple[str, ...]  # any one of them, found in the answer, is correct
+
+    @property
+    def prompt(self) -> str:
+        """The few-shot completion prompt both models answer."""
+        return f"{FEW_SHOT[self.kind]}Q: {self.question}\nA:"
 
     def grade(self, text: str) -> bool:
         text = text.casefold()
         if self.kind == "arithmetic":
-            numbers = re.findall(r"-?\d+", text.replace(",", ""))
+            result = text.replace(",", "").rsplit("=", 1)[-1]  # "12 - 2 = 10" answers 10
+            numbers = re.findall(r"-?\d+", result)
             return bool(numbers) and numbers[0] == self.answers[0]
         if self.kind == "sentiment":
             found = re.findall(r"positive|negative", text)
@@ -119,15 +139,7 @@ def routing_items() -> list[Item]:
             )
         )
         value = {"+": a + b, "-": a - b, "*": a * b}[op]
-        prompt = f"What is {a} {op} {b}? Answer with the number only."
-        items.append(Item("arithmetic", prompt, (str(value),)))
-    items += [Item("factual", f"{q} Answer in a few words.", a) for q, a in FACTS]
-    items += [
-        Item(
-            "sentiment",
-            f'Is the sentiment of this sentence positive or negative? "{s}" Answer with one word.',
-            (label,),
-        )
-        for s, label in SENTENCES
-    ]
+        items.append(Item("arithmetic", f"What is {a} {op} {b}?", (str(value),)))
+    items += [Item("factual", q, a) for q, a in FACTS]
+    items += [Item("sentiment", f'Sentiment of "{s}"?', (label,)) for s, label in SENTENCES]
     return items
