@@ -8,6 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from tokenmill.gateway.calibration import RESULTS, needs_large, read_records
+from tokenmill.gateway.classifier import train_classifier
+from tokenmill.gateway.embedding import packaged_embedder
 from tokenmill.gateway.routing import RouteSpec
 from tokenmill.loader.model_loader import LoadedModel
 
@@ -21,12 +24,23 @@ ROUTES = {
 
 
 @pytest.fixture(scope="module")
-def server(smollm: LoadedModel, gemma: LoadedModel, serve_engines) -> Iterator:
+def server(smollm: LoadedModel, gemma: LoadedModel, serve_engines, tmp_path_factory) -> Iterator:
     engines = {
         SMOLLM: serve_engines.engine(smollm, kv_cache_memory="64MiB"),
         GEMMA: serve_engines.engine(gemma, kv_cache_memory="64MiB"),
     }
-    with serve_engines(engines, routes=ROUTES) as live:
+    records = read_records(RESULTS)
+    classifier = tmp_path_factory.mktemp("router") / "router.json"
+    train_classifier(
+        [r["question"] for r in records], [needs_large(r) for r in records], packaged_embedder()
+    ).save(classifier)
+    routes = {
+        **ROUTES,
+        # a probability every prompt reaches: always the large model
+        "picker": RouteSpec("picker", "classifier", SMOLLM, GEMMA, 0.0, classifier=str(classifier)),
+        "coin": RouteSpec("coin", "random", SMOLLM, GEMMA, threshold=0.0),  # never large
+    }
+    with serve_engines(engines, routes=routes) as live:
         yield live
 
 
@@ -63,7 +77,7 @@ def test_an_unknown_model_is_a_404_model_not_found(server):
 def test_models_lists_every_model_and_route(server):
     with server.http() as client:
         ids = [card["id"] for card in client.get("/v1/models").json()["data"]]
-    assert ids == [SMOLLM, GEMMA, "auto", "cheap"]
+    assert ids == [SMOLLM, GEMMA, "auto", "cheap", "picker", "coin"]
 
 
 def test_each_model_tokenizes_with_its_own_tokenizer(server):
@@ -119,3 +133,10 @@ def test_a_routed_stream_names_the_model_that_answered_in_every_chunk(server):
     assert events[-1] == "[DONE]"
     assert {c["model"] for c in chunks} == {GEMMA}
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+
+
+@pytest.mark.parametrize(("route", "model"), [("picker", GEMMA), ("coin", SMOLLM)])
+def test_classifier_and_random_routes_name_the_model_they_picked(server, route, model):
+    response = chat(server, route)
+    assert (response.json()["model"], response.headers["x-tokenmill-model"]) == (model, model)
+    assert server.metric_with_labels("tokenmill_route_requests_total", route=route, model=model)

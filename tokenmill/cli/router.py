@@ -25,7 +25,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     calibrate.add_argument("--out-dir", default="router-calibration")
     calibrate.set_defaults(func=run_calibrate)
     train = actions.add_parser("train", help="train the classifier on calibration results")
-    train.add_argument("--results", required=True, help="results.jsonl from `router calibrate`")
+    train.add_argument(
+        "--results",
+        default=None,
+        help="results.jsonl from `router calibrate` (default: the packaged SmolLM2 / Gemma run)",
+    )
     train.add_argument("--out", default="router-classifier.json")
     train.set_defaults(func=run_train)
 
@@ -45,16 +49,16 @@ def run_calibrate(ns: argparse.Namespace) -> int:
     (out / "curves.json").write_text(json.dumps(result, indent=1))
     calibration.plot(result, out / "curves.png")
     print(calibration.table(result))
-    print(f"wrote {out}/results.jsonl, curves.json, curves.png")
+    print(f"wrote {'' if ns.results else 'results.jsonl, '}curves.json, curves.png in {out}")
     return 0
 
 
 def run_train(ns: argparse.Namespace) -> int:
-    from tokenmill.gateway.calibration import needs_large, read_records
+    from tokenmill.gateway.calibration import RESULTS, needs_large, read_records
     from tokenmill.gateway.classifier import train_classifier
     from tokenmill.gateway.embedding import packaged_embedder
 
-    records = read_records(ns.results)
+    records = read_records(ns.results or RESULTS)
     labels = [needs_large(r) for r in records]
     classifier = train_classifier([r["question"] for r in records], labels, packaged_embedder())
     classifier.save(ns.out)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,9 @@ from tokenmill.gateway.embedding import packaged_embedder
 from tokenmill.gateway.router_data import STOP, Item
 from tokenmill.llm import LLM
 from tokenmill.sampling.params import SamplingParams
+
+RESULTS = files("tokenmill.gateway") / "data" / "router_results.jsonl"
+"""`router calibrate`'s records of the packaged pair (SmolLM2 small, Gemma 3 270M large)."""
 
 
 def run_models(items: Sequence[Item], small: str, large: str, max_tokens: int = 16) -> list[dict]:
@@ -186,5 +191,6 @@ def write_records(records: Sequence[dict], path: Path) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def read_records(path: str | Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+def read_records(path: str | Path | Traversable) -> list[dict]:
+    text = path.read_text() if isinstance(path, Traversable) else Path(path).read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -26,9 +26,9 @@ from tokenmill.gateway.streams import ReplayStream, final_output
 from tokenmill.sampling.params import SamplingParams
 
 POLICIES = ("cascade", "random", "classifier")
-DEFAULT_THRESHOLDS = {"cascade": -0.5, "random": 0.5, "classifier": 0.5}
-"""The cascade's is a token logprob (see docs/routing-and-caching.md for its calibration); the
-others are a share and a probability."""
+DEFAULT_THRESHOLDS = {"cascade": -1.0, "random": 0.5, "classifier": 0.5}
+"""The cascade's is a mean token logprob, from `tokenmill router calibrate` on the packaged pair
+(docs/routing-and-caching.md); the others are a share and a probability."""
 
 
 @dataclass(frozen=True)
