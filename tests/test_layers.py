@@ -14,6 +14,7 @@ import tokenmill
 FLOORS: list[list[str]] = [
     ["tokenmill.cli"],
     ["tokenmill.server", "tokenmill.bench", "tokenmill.train"],
+    ["tokenmill.gateway"],  # several models, routing, the semantic cache: no HTTP
     ["tokenmill"],  # the package root re-exports the offline API
     ["tokenmill.llm"],
     ["tokenmill.engine"],

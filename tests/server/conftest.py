@@ -43,6 +43,17 @@ class LiveServer:
                 return float(line.split()[1])
         raise AssertionError(f"{name} not in /metrics")
 
+    def metric_with_labels(self, name: str, **labels: str) -> float:
+        """The sample of /metrics with exactly these labels (0 when absent)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(f"{self.url}/metrics").text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and sample.labels == labels:
+                    return sample.value
+        return 0.0
+
     def wait_until_idle(self, headers: dict[str, str] | None = None, timeout_s: float = 30) -> None:
         """Until /metrics shows no request running or waiting and no KV block held by one."""
         names = (
@@ -99,4 +110,17 @@ def start_server(smollm: LoadedModel):
     def start(engine_kwargs: dict | None = None, **app_kwargs):
         return live_server(make_engine(smollm, **(engine_kwargs or {})), **app_kwargs)
 
+    return start
+
+
+@pytest.fixture(scope="session")
+def serve_engines():
+    """`serve_engines(engines, **app_kwargs)`: a context manager for a server over these engines
+    (a dict of them, by name, serves several models), and `serve_engines.engine(loaded, **kw)`
+    an engine to put in it."""
+
+    def start(engines, **app_kwargs):
+        return live_server(engines, **app_kwargs)
+
+    start.engine = make_engine
     return start

@@ -8,12 +8,14 @@ import sys
 
 from tokenmill.cli import (
     bench,
+    cache,
     chat,
     evaluate,
     export_hf,
     generate,
     kv_plan,
     quantize,
+    router,
     serve,
     train_eagle,
 )
@@ -24,7 +26,19 @@ __all__ = ["add_engine_args", "build_parser", "engine_args_from", "main"]
 
 DESCRIPTION = "`tokenmill` command line: generate, chat, serve, bench."
 
-COMMANDS = (generate, chat, serve, bench, kv_plan, quantize, train_eagle, evaluate, export_hf)
+COMMANDS = (
+    generate,
+    chat,
+    serve,
+    bench,
+    kv_plan,
+    quantize,
+    train_eagle,
+    evaluate,
+    export_hf,
+    router,
+    cache,
+)
 """In the order `tokenmill --help` lists them."""
 
 

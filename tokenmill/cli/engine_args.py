@@ -18,14 +18,20 @@ from tokenmill.config import (
 from tokenmill.quant.registry import quantization_choices
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
+def add_engine_args(parser: argparse.ArgumentParser, several_models: bool = False) -> None:
+    """`several_models`: `--model` may be repeated, giving a list (None when not given)."""
     defaults = EngineArgs.__dataclass_fields__
     group = parser.add_argument_group("engine")
-    group.add_argument(
-        "--model",
-        default=defaults["model"].default,
-        help="a .gguf file, a Hugging Face directory, or a packaged model name",
-    )
+    model_help = "a .gguf file, a Hugging Face directory, or a packaged model name"
+    if several_models:
+        group.add_argument(
+            "--model",
+            action="append",
+            default=None,
+            help=f"{model_help}; repeat it to serve several (default: {defaults['model'].default})",
+        )
+    else:
+        group.add_argument("--model", default=defaults["model"].default, help=model_help)
     group.add_argument("--dtype", default="float32", choices=list(DTYPES))
     group.add_argument("--kv-cache", default="paged", choices=KV_CACHE_MODES)
     group.add_argument("--block-size", type=int, default=16)
@@ -168,5 +174,9 @@ def _on_off(value: str) -> bool:
 
 
 def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
-    """Every EngineArgs field from the flag of the same name (`--kv-cache` -> kv_cache)."""
-    return EngineArgs(**{field.name: getattr(ns, field.name) for field in fields(EngineArgs)})
+    """Every EngineArgs field from the flag of the same name (`--kv-cache` -> kv_cache); a
+    repeatable `--model` gives its first (the default when not given)."""
+    values = {field.name: getattr(ns, field.name) for field in fields(EngineArgs)}
+    if values["model"] is None or isinstance(values["model"], list):
+        values["model"] = (values["model"] or [EngineArgs.model])[0]
+    return EngineArgs(**values)

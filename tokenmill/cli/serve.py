@@ -1,4 +1,6 @@
-"""`tokenmill serve`: the OpenAI-compatible HTTP server (tokenmill/server)."""
+"""`tokenmill serve`: the OpenAI-compatible HTTP server (tokenmill/server), over one model or
+several (repeated `--model`, or `--config`), with optional routing and a semantic cache
+(docs/routing-and-caching.md)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,9 @@ import argparse
 import os
 
 from tokenmill.cli.engine_args import add_engine_args, engine_args_from
+from tokenmill.gateway.confidence import CONFIDENCE_METRICS
+from tokenmill.gateway.routing import DEFAULT_THRESHOLDS, POLICIES
+from tokenmill.gateway.semantic_cache import DEFAULT_THRESHOLD, CacheSettings
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -38,15 +43,70 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         action="store_false",
         help="do not serve the web playground and live dashboard at /",
     )
-    add_engine_args(serve)
+    serve.add_argument(
+        "--config",
+        default=None,
+        help="a .toml/.json/.yaml file naming each model with its own engine flags, and routes "
+        "(replaces --model; see tokenmill/gateway/serve_config.py)",
+    )
+    _add_route_args(serve)
+    _add_cache_args(serve)
+    add_engine_args(serve, several_models=True)
     serve.set_defaults(func=run)
+
+
+def _add_route_args(serve: argparse.ArgumentParser) -> None:
+    group = serve.add_argument_group("routing: one name in front of the first two models")
+    group.add_argument(
+        "--route-policy",
+        choices=POLICIES,
+        default=None,
+        help="serve a route (default: none) that picks the first --model (small) or the second",
+    )
+    group.add_argument("--route-name", default="auto", help="the model name the route answers to")
+    group.add_argument(
+        "--route-threshold",
+        type=float,
+        default=None,
+        help="cascade: token logprob to escalate under; random: large-model share; classifier: "
+        f"probability (defaults {DEFAULT_THRESHOLDS})",
+    )
+    group.add_argument("--route-metric", choices=CONFIDENCE_METRICS, default="mean")
+    group.add_argument(
+        "--route-classifier", default=None, help="classifier: the file `router train` wrote"
+    )
+
+
+def _add_cache_args(serve: argparse.ArgumentParser) -> None:
+    defaults = CacheSettings()
+    group = serve.add_argument_group("semantic response cache")
+    group.add_argument(
+        "--semantic-cache",
+        action="store_true",
+        help="answer repeated and paraphrased requests from a cache (default: off)",
+    )
+    group.add_argument(
+        "--semantic-cache-threshold",
+        type=float,
+        default=DEFAULT_THRESHOLD,
+        help="least cosine similarity of a semantic hit, in [0, 1]",
+    )
+    group.add_argument("--semantic-cache-ttl", type=float, default=defaults.ttl_s, help="seconds")
+    group.add_argument("--semantic-cache-capacity", type=int, default=defaults.capacity)
+    group.add_argument(
+        "--semantic-cache-guard",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.guard,
+        help="a semantic hit must name the same numbers and negations, words in the same order",
+    )
 
 
 def run(ns: argparse.Namespace) -> int:
     from tokenmill.server.app import run_server
 
+    models, routes = _models_and_routes(ns)
     return run_server(
-        engine_args_from(ns),
+        models,
         host=ns.host,
         port=ns.port,
         api_key=ns.api_key,
@@ -54,4 +114,47 @@ def run(ns: argparse.Namespace) -> int:
         max_waiting_requests=ns.max_waiting_requests,
         shutdown_timeout_s=ns.shutdown_timeout,
         ui=ns.ui,
+        routes=routes,
+        semantic_cache=_semantic_cache(ns),
     )
+
+
+def _models_and_routes(ns: argparse.Namespace) -> tuple[list, dict]:
+    from tokenmill.gateway.registry import specs_from_flags
+    from tokenmill.gateway.routing import route_spec
+    from tokenmill.gateway.serve_config import read_serve_config
+
+    base = engine_args_from(ns)
+    if ns.config is not None:
+        if ns.model:
+            raise ValueError("give the models either with --model or in --config, not both")
+        config = read_serve_config(ns.config, base)
+        models, routes = config.models, dict(config.routes)
+    else:
+        models, routes = specs_from_flags(ns.model or [base.model], base, ns.served_model_name), {}
+    if ns.route_policy is not None:
+        entry = {"policy": ns.route_policy, "metric": ns.route_metric}
+        if ns.route_threshold is not None:
+            entry["threshold"] = ns.route_threshold
+        if ns.route_classifier is not None:
+            entry["classifier"] = ns.route_classifier
+        names = [m.name for m in models]
+        if len(names) < 2:
+            raise ValueError("--route-policy needs two models: give --model twice")
+        routes[ns.route_name] = route_spec(ns.route_name, entry, names, "--route-policy")
+    return models, routes
+
+
+def _semantic_cache(ns: argparse.Namespace):
+    if not ns.semantic_cache:
+        return None
+    from tokenmill.gateway.embedding import packaged_embedder
+    from tokenmill.gateway.semantic_cache import SemanticCache
+
+    settings = CacheSettings(
+        ns.semantic_cache_threshold,
+        ns.semantic_cache_ttl,
+        ns.semantic_cache_capacity,
+        ns.semantic_cache_guard,
+    )
+    return SemanticCache(settings, packaged_embedder())

@@ -1,8 +1,10 @@
-"""The OpenAI-compatible HTTP server: FastAPI routes over one AsyncLLMEngine, run by uvicorn.
+"""The OpenAI-compatible HTTP server: FastAPI routes over one AsyncLLMEngine per model, run by
+uvicorn.
 
-`build_app` wires routes, errors and auth around an engine (tests build several in one process
-around one loaded model), and the web playground at `/` unless told not to; `run_server` is
-what `tokenmill serve` calls.
+`build_app` wires routes, errors and auth around the engines (tests build several in one
+process around one loaded model), and the web playground at `/` unless told not to; which
+engine answers a request is the Dispatcher's call (server/dispatch.py). `run_server` is what
+`tokenmill serve` calls.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import hashlib
 import hmac
 import logging
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,15 +22,20 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException
 
 from tokenmill.config import EngineArgs
 from tokenmill.engine.async_engine import AsyncLLMEngine
 from tokenmill.engine.engine import LLMEngine
+from tokenmill.gateway.metrics import model_labelled_registry
+from tokenmill.gateway.registry import ModelSpec, build_engines
+from tokenmill.gateway.routing import RouteSpec
+from tokenmill.gateway.semantic_cache import SemanticCache
 from tokenmill.loader.chat_template import DEFAULT_CHAT_TEMPLATE
 from tokenmill.server.chat import create_chat_completion
 from tokenmill.server.completions import create_completion
+from tokenmill.server.dispatch import Dispatcher
 from tokenmill.server.errors import APIError, bad_request, internal_error, validation_error
 from tokenmill.server.generate import GenerateRequest, create_generation
 from tokenmill.server.playground import playground_routes
@@ -45,7 +52,6 @@ from tokenmill.server.protocol import (
 )
 from tokenmill.server.serving import (
     ClientDisconnectedError,
-    ServingContext,
     chat_prompt,
     created_at,
 )
@@ -56,37 +62,44 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left first"; nobod
 
 
 def build_app(
-    engine: LLMEngine,
-    model_name: str,
+    engine: LLMEngine | Mapping[str, LLMEngine],
+    model_name: str | None = None,
     api_key: str | None = None,
     max_waiting_requests: int | None = None,
     ui: bool = True,
+    routes: Mapping[str, RouteSpec] | None = None,
+    semantic_cache: SemanticCache | None = None,
 ) -> FastAPI:
-    async_engine = AsyncLLMEngine(engine, max_waiting_requests)
-    ctx = ServingContext(async_engine, model_name)
+    """`engine`: one engine named `model_name`, or engines by name, the default first."""
+    engines = engine if isinstance(engine, Mapping) else {model_name or engine.args.model: engine}
+    async_engines = {name: AsyncLLMEngine(e, max_waiting_requests) for name, e in engines.items()}
+    dispatcher = Dispatcher(async_engines, routes, semantic_cache)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        async_engine.start()
+        for async_engine in async_engines.values():
+            async_engine.start()
         try:
             yield
         finally:
-            await async_engine.shutdown()
-            engine.close()  # the disk tier, if any, writes the cached blocks it lacks
+            for name, async_engine in async_engines.items():
+                await async_engine.shutdown()
+                engines[name].close()  # the disk tier, if any, writes the cached blocks it lacks
 
     app = FastAPI(title="tokenmill", lifespan=lifespan)
-    app.state.serving = ctx
+    app.state.serving = dispatcher.context(None)
+    app.state.dispatcher = dispatcher
     _add_error_handlers(app)
-    app.include_router(_open_routes(ctx))
+    app.include_router(_open_routes(dispatcher))
     if ui:
         app.include_router(playground_routes())
     auth = [Depends(_bearer_check(api_key))] if api_key else []
-    app.include_router(_api_routes(ctx), dependencies=auth)
+    app.include_router(_api_routes(dispatcher), dependencies=auth)
     return app
 
 
 def run_server(
-    args: EngineArgs,
+    models: Sequence[ModelSpec] | EngineArgs,
     host: str,
     port: int,
     api_key: str | None,
@@ -94,9 +107,20 @@ def run_server(
     max_waiting_requests: int | None,
     shutdown_timeout_s: float,
     ui: bool = True,
+    routes: Mapping[str, RouteSpec] | None = None,
+    semantic_cache: SemanticCache | None = None,
 ) -> int:
-    engine = LLMEngine(args)
-    app = build_app(engine, served_model_name or args.model, api_key, max_waiting_requests, ui)
+    if isinstance(models, EngineArgs):
+        models = [ModelSpec(served_model_name or models.model, models)]
+    engines = build_engines(models, report=lambda line: print(f"tokenmill: {line}", flush=True))
+    app = build_app(
+        engines,
+        api_key=api_key,
+        max_waiting_requests=max_waiting_requests,
+        ui=ui,
+        routes=routes,
+        semantic_cache=semantic_cache,
+    )
     config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=shutdown_timeout_s)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler
     # it found installed; a no-op handler makes that second delivery a clean exit 0.
@@ -124,46 +148,63 @@ class _FailAloneRoute(APIRoute):
         return handle
 
 
-def _open_routes(ctx: ServingContext) -> APIRouter:
+def _open_routes(dispatcher: Dispatcher) -> APIRouter:
     router = APIRouter()
+    contexts = dispatcher.contexts.values()
 
     @router.get("/health")
     async def health() -> Response:
-        """200 while the engine loop runs; 503 once it stopped."""
-        return Response(status_code=200 if ctx.engine.is_running else 503)
+        """200 while every engine loop runs; 503 once one stopped."""
+        running = all(ctx.engine.is_running for ctx in contexts)
+        return Response(status_code=200 if running else 503)
 
     return router
 
 
-def _api_routes(ctx: ServingContext) -> APIRouter:
+def _api_routes(dispatcher: Dispatcher) -> APIRouter:
     router = APIRouter(route_class=_FailAloneRoute)
+    ctx = dispatcher.context(None)
+    metrics_registries = _metrics_registries(dispatcher)
 
     @router.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
-        return await create_completion(req, request, ctx)
+        return await dispatcher.serve(req, request, create_completion)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
-        return await create_chat_completion(req, request, ctx)
+        return await dispatcher.serve(req, request, create_chat_completion)
 
     @router.post("/v1/generate")
     async def generate(req: GenerateRequest, request: Request) -> Response:
         """The seeds' endpoint: one prompt, its text, tokens, latency and rate."""
-        return await create_generation(req, request, ctx)
+        return await dispatcher.serve(req, request, create_generation)
 
     @router.get("/v1/metrics")
     async def metrics_summary() -> dict[str, Any]:
-        """The seeds' JSON summary of the counters behind /metrics."""
-        return ctx.engine.metrics.summary()
+        """The seeds' JSON summary of the counters behind /metrics (the default model's; with
+        several models, each one's under `models` too)."""
+        summary = ctx.engine.metrics.summary()
+        if len(dispatcher.contexts) > 1:
+            summary["models"] = {
+                name: c.engine.metrics.summary() for name, c in dispatcher.contexts.items()
+            }
+        return summary
 
     @router.get("/v1/models")
     async def models() -> ModelList:
-        card = ModelCard(id=ctx.model_name, created=created_at(), max_model_len=ctx.max_model_len)
-        return ModelList(data=[card])
+        created = created_at()
+        return ModelList(
+            data=[
+                ModelCard(
+                    id=name, created=created, max_model_len=dispatcher.context(name).max_model_len
+                )
+                for name in dispatcher.names
+            ]
+        )
 
     @router.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> TokenizeResponse:
-        ctx.check_model(req.model)
+        ctx = dispatcher.context(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("give exactly one of prompt or messages", "prompt")
         if req.messages is not None:
@@ -174,7 +215,8 @@ def _api_routes(ctx: ServingContext) -> APIRouter:
 
     @router.get("/tokenizer_info")
     async def tokenizer_info() -> TokenizerInfo:
-        """What lm-eval's remote tokenizer reads, so it needs no tokenizer download."""
+        """What lm-eval's remote tokenizer reads, so it needs no tokenizer download (the
+        default model's)."""
         tokenizer = ctx.tokenizer
 
         def text(token_id: int | None) -> str | None:
@@ -189,7 +231,7 @@ def _api_routes(ctx: ServingContext) -> APIRouter:
 
     @router.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> DetokenizeResponse:
-        ctx.check_model(req.model)
+        ctx = dispatcher.context(req.model)
         vocab = ctx.tokenizer.vocab_size
         bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
         if bad is not None:
@@ -198,11 +240,25 @@ def _api_routes(ctx: ServingContext) -> APIRouter:
 
     @router.get("/metrics")
     async def metrics() -> Response:
-        return Response(
-            generate_latest(ctx.engine.metrics.registry), media_type=CONTENT_TYPE_LATEST
-        )
+        body = b"".join(generate_latest(r) for r in metrics_registries)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return router
+
+
+def _metrics_registries(dispatcher: Dispatcher) -> list[CollectorRegistry]:
+    """One model's series as they are; several models' each labelled with its `model`; the
+    gateway's when it routes or caches."""
+    contexts = dispatcher.contexts
+    if len(contexts) == 1:
+        registries = [dispatcher.context(None).engine.metrics.registry]
+    else:
+        registries = [
+            model_labelled_registry({n: c.engine.metrics.registry for n, c in contexts.items()})
+        ]
+    if dispatcher.routers or dispatcher.cache is not None:
+        registries.append(dispatcher.metrics.registry)
+    return registries
 
 
 def _bearer_check(api_key: str) -> Callable[[Request], Awaitable[None]]:

@@ -82,6 +82,9 @@ class SamplingFields(RequestModel):
     cache: CacheOptions | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
+    # The semantic response cache (--semantic-cache): true lets a sampled request be served
+    # from it, false keeps even a greedy one away from it; null: greedy requests only.
+    semantic_cache: bool | None = None
 
     @property
     def include_usage(self) -> bool:
