@@ -41,7 +41,7 @@ def test_a_bad_memory_size_is_a_clear_error(capsys):
     assert "kv_cache_memory" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("value", ["on", "off"])
-def test_the_window_trimming_switch_sets_the_engine_field(value):
-    ns = build_parser().parse_args(["generate", "hi", "--kv-window-trimming", value])
-    assert engine_args_from(ns).kv_window_trimming is (value == "on")
+@pytest.mark.parametrize("flag", ["--kv-window-trimming", "--no-kv-window-trimming"])
+def test_the_window_trimming_switch_sets_the_engine_field(flag):
+    ns = build_parser().parse_args(["generate", "hi", flag])
+    assert engine_args_from(ns).kv_window_trimming is (flag == "--kv-window-trimming")

@@ -299,9 +299,8 @@ def test_sse_is_one_compact_data_line_keeping_non_ascii():
 
 
 def test_sse_leaves_out_excluded_fields_of_a_model():
-    event = sse(
-        Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3), exclude={"total_tokens"}
-    )
+    usage = Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3)
+    event = sse(usage, exclude={"total_tokens", "prompt_tokens_details"})
     assert json.loads(event.removeprefix("data: ")) == {"prompt_tokens": 1, "completion_tokens": 2}
 
 

@@ -71,10 +71,9 @@ def add_engine_args(parser: argparse.ArgumentParser, several_models: bool = Fals
     )
     group.add_argument(
         "--kv-window-trimming",
-        type=_on_off,
+        action=argparse.BooleanOptionalAction,
         default=defaults["kv_window_trimming"].default,
-        metavar="{on,off}",
-        help="sliding-window layers keep only their window's KV blocks (off: every block)",
+        help="sliding-window layers keep only their window's KV blocks (--no-: every block)",
     )
     group.add_argument("--scheduler", default="continuous", choices=SCHEDULERS)
     group.add_argument(
@@ -165,12 +164,6 @@ def _add_speculative_args(parser: argparse.ArgumentParser, defaults: dict) -> No
         default=defaults["speculative_adaptive_k"].default,
         help="each request's K follows its acceptance",
     )
-
-
-def _on_off(value: str) -> bool:
-    if value not in ("on", "off"):
-        raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}")
-    return value == "on"
 
 
 def engine_args_from(ns: argparse.Namespace) -> EngineArgs:

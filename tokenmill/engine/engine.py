@@ -68,7 +68,7 @@ class LLMEngine:
         if self.kv_groups.trims and args.kv_offload_dir is not None:
             raise ValueError(
                 "kv_offload_dir: the disk tier holds single-table KV; with a sliding-window"
-                " model pass kv_window_trimming=False (--kv-window-trimming off)"
+                " model pass kv_window_trimming=False (--no-kv-window-trimming)"
             )
         self.disk_tier = open_disk_tier(args, self.loaded, self.kv_bytes_per_token)
         self.kv_manager = make_kv_manager(

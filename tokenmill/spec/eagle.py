@@ -140,6 +140,7 @@ class EagleDrafter:
     head: EagleHead
     target: nn.Module
     scorer: nn.Module  # [hidden] -> [draft_vocab] logits (`draft_scorer`)
+    shares_target_kv = False  # the head keeps KV of its own, through the first group's table
 
     @classmethod
     def load(cls, path: Path, target: LoadedModel, dtype: torch.dtype) -> EagleDrafter:
