@@ -9,21 +9,29 @@ which is before the first byte of the response; headers say so too.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response
 
-from tokenmill.engine.async_engine import AsyncLLMEngine
-from tokenmill.engine.engine import PromptInput
+from tokenmill.engine.async_engine import AsyncLLMEngine, RequestStream
+from tokenmill.engine.engine import LLMEngine, PromptInput
 from tokenmill.gateway.cached_request import CachedRequest
 from tokenmill.gateway.metrics import GatewayMetrics
 from tokenmill.gateway.routing import RoutedRequest, Router, RouteSpec
 from tokenmill.gateway.semantic_cache import SemanticCache, normalise
+from tokenmill.sampling.params import SamplingParams
 from tokenmill.server.errors import APIError, bad_request
 from tokenmill.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
-from tokenmill.server.serving import ServingContext, chat_prompt
+from tokenmill.server.serving import (
+    ClientDisconnectedError,
+    ServingContext,
+    chat_prompt,
+    wait_for_disconnect,
+)
 
 MODEL_HEADER = "x-tokenmill-model"
 CACHE_HEADER = "x-tokenmill-cache"
@@ -81,14 +89,14 @@ class Dispatcher:
         ctx = ServingContext(self.contexts.get(name, self.context(name)).engine, name)
         tier: list[str] = []
         if name in self.routers or self.cache is not None:
-            self._wrap(ctx, req, tier)
+            self._wrap(ctx, req, request, tier)
         response = await handler(req, request, ctx)
         response.headers[MODEL_HEADER] = ctx.model_name
         if tier:
             response.headers[CACHE_HEADER] = tier[0]
         return response
 
-    def _wrap(self, ctx: ServingContext, req: Any, tier: list[str]) -> None:
+    def _wrap(self, ctx: ServingContext, req: Any, request: Request, tier: list[str]) -> None:
         """Put the route's view, then the cache's, in front of the context's engine."""
         name = ctx.model_name
         text = _RequestText.of(req)
@@ -99,9 +107,10 @@ class Dispatcher:
         if name in self.routers:
             if isinstance(req, CompletionRequest) and not isinstance(req.prompt, str):
                 raise bad_request(f"a request to route `{name}` takes one text prompt", "prompt")
-            ctx.engine = RoutedRequest(  # type: ignore[assignment]
+            routed = RoutedRequest(
                 self.routers[name], text.query, self._translator(req), answered_by
             )
+            ctx.engine = _UntilClientLeaves(routed, request)  # type: ignore[assignment]
         if self.cache is not None:
 
             def on_hit(hit_tier: str, model: str) -> None:
@@ -135,6 +144,38 @@ class Dispatcher:
             }
 
         return translate
+
+
+class _UntilClientLeaves:
+    """A route's view whose `add_request` is given up when the client disconnects. A cascade
+    runs the small model's whole answer inside `add_request`, before the response (and its own
+    disconnect watch) starts: giving it up there aborts the small model's pass, or the large
+    model's admission, and frees their KV blocks."""
+
+    def __init__(self, inner: RoutedRequest, request: Request) -> None:
+        self.inner = inner
+        self.request = request
+
+    @property
+    def engine(self) -> LLMEngine:
+        return self.inner.engine
+
+    async def add_request(
+        self, request_id: str, prompt: PromptInput, params: SamplingParams
+    ) -> RequestStream:
+        work = asyncio.ensure_future(self.inner.add_request(request_id, prompt, params))
+        gone = asyncio.ensure_future(wait_for_disconnect(self.request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()  # closes the small model's stream, or aborts an admission
+                with contextlib.suppress(asyncio.CancelledError):
+                    await work
+        if work.cancelled():
+            raise ClientDisconnectedError
+        return work.result()
 
 
 class _RequestText:

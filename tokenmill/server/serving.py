@@ -317,7 +317,7 @@ async def collect(streams: Sequence[RequestStream], request: Request) -> list[Re
             finals[index] = output
 
     work = asyncio.ensure_future(gather())
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    watcher = asyncio.ensure_future(wait_for_disconnect(request))
     try:
         await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -330,7 +330,8 @@ async def collect(streams: Sequence[RequestStream], request: Request) -> list[Re
     return [output for output in finals if output is not None]
 
 
-async def _wait_for_disconnect(request: Request) -> None:
+async def wait_for_disconnect(request: Request) -> None:
+    """Returns once the client has gone (its request body is read already)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
