@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tokenmill.gateway.cache_store import CacheStore
 from tokenmill.gateway.embedding import packaged_embedder
 from tokenmill.gateway.semantic_cache import CacheSettings, SemanticCache
 from tokenmill.loader.model_loader import LoadedModel
@@ -87,23 +88,44 @@ def test_a_request_that_opts_out_is_never_served_from_the_cache(server):
     assert "x-tokenmill-cache" not in ask(server, "Name a river.", semantic_cache=False).headers
 
 
-def test_a_hit_streams_like_any_response(server):
-    first = answer(ask(server, "Name a mountain."))
+def stream_events(server, question: str) -> tuple[dict, list[dict]]:
     body = {
         "model": SMOLLM,
-        "messages": [{"role": "user", "content": "Name a mountain."}],
-        "max_tokens": 4,
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": 6,
         "temperature": 0,
         "stream": True,
+        "stream_options": {"include_usage": True},
     }
     with server.http() as client, client.stream("POST", "/v1/chat/completions", json=body) as r:
-        assert r.headers["x-tokenmill-cache"] == "exact"
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+        headers = dict(r.headers)
     assert events[-1] == "[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
-    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == first
-    assert chunks[-1]["choices"][0]["finish_reason"] is not None
+    return headers, [json.loads(e) for e in events[:-1]]
+
+
+def shape(chunks: list[dict]) -> list:
+    """What a client reads from the chunks, without their id and time."""
+    return [(c["choices"], c.get("usage")) for c in chunks]
+
+
+def test_a_hit_streams_in_the_chunks_the_answer_was_generated_in(server):
+    generated_headers, generated = stream_events(server, "Name a mountain.")
+    hit_headers, replayed = stream_events(server, "Name a mountain.")
+    assert "x-tokenmill-cache" not in generated_headers
+    assert hit_headers["x-tokenmill-cache"] == "exact"
+    assert shape(replayed) == shape(generated)
+    content = [c for c in replayed if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert len(content) >= 2
+    assert replayed[-1]["usage"]["completion_tokens"] >= 2
+
+
+def test_a_hit_on_a_streamed_answer_serves_a_plain_request_the_same_text(server):
+    _, generated = stream_events(server, "Name a lake.")
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in generated if c["choices"])
+    hit = ask(server, "Name a lake.", max_tokens=6)
+    assert hit.headers["x-tokenmill-cache"] == "exact"
+    assert answer(hit) == text
 
 
 def test_metrics_count_hits_per_tier_and_misses(server):
@@ -122,3 +144,20 @@ def test_without_the_cache_a_repeat_runs_again(server, smollm, serve_engines):
             metrics = client.get("/metrics").text
     assert "x-tokenmill-cache" not in again.headers
     assert "semantic_cache" not in metrics
+
+
+def test_a_restarted_server_hits_what_the_last_one_cached(smollm, serve_engines, tmp_path):
+    def persistent_server():
+        cache = SemanticCache(CacheSettings(), packaged_embedder(), store=CacheStore(path))
+        engine = serve_engines.engine(smollm, kv_cache_memory="64MiB")
+        return serve_engines({SMOLLM: engine}, semantic_cache=cache)
+
+    path = tmp_path / "cache.sqlite"
+    with persistent_server() as first:
+        generated = answer(ask(first, "How do I boil an egg?"))
+    with persistent_server() as second:
+        exact = ask(second, "How do I boil an egg?")
+        semantic = ask(second, "How should I boil an egg?")
+    assert exact.headers["x-tokenmill-cache"] == "exact"
+    assert semantic.headers["x-tokenmill-cache"] == "semantic"
+    assert answer(exact) == answer(semantic) == generated

@@ -21,6 +21,7 @@ from tokenmill.engine.outputs import RequestOutput
 from tokenmill.gateway.metrics import GatewayMetrics
 from tokenmill.gateway.semantic_cache import CachedAnswer, SemanticCache
 from tokenmill.gateway.streams import RecordingStream, ReplayStream
+from tokenmill.gateway.transcript import Step
 from tokenmill.sampling.params import SamplingParams
 
 CACHEABLE_FINISH_REASONS = ("stop", "length")
@@ -87,22 +88,18 @@ class CachedRequest:
             tier, answer = found
             self.metrics.cache_hits.labels(tier).inc()
             self.on_hit(tier, answer.model)
-            return ReplayStream(answer.output, request_id)
+            return ReplayStream(answer.output, answer.steps, request_id)
         self.metrics.cache_misses.inc()
         stream = await self.inner.add_request(request_id, prompt, params)
 
-        def keep(output: RequestOutput) -> None:
+        def keep(output: RequestOutput, steps: tuple[Step, ...]) -> None:
             reasons = [c.finish_reason for c in output.outputs]
             if all(r in CACHEABLE_FINISH_REASONS for r in reasons):
-                self.cache.insert(scope, query, CachedAnswer(output, self.answered_by()))
+                answer = CachedAnswer(output, self.answered_by(), steps)
+                self.cache.insert(scope, query, answer)
                 self.metrics.cache_entries.set(len(self.cache))
 
         if isinstance(stream, ReplayStream):  # a cascade's small answer, finished already
-            return ReplayStream(await _peek(stream, keep), request_id)
+            keep(stream.final, stream.steps)
+            return stream
         return RecordingStream(stream, keep)
-
-
-async def _peek(stream: ReplayStream, keep: Callable[[RequestOutput], None]) -> RequestOutput:
-    output = await stream.__anext__()
-    keep(output)
-    return output

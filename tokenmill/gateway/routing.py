@@ -22,7 +22,7 @@ from tokenmill.engine.engine import LLMEngine, PromptInput
 from tokenmill.gateway.classifier import RouteClassifier
 from tokenmill.gateway.confidence import CONFIDENCE_METRICS, confidence
 from tokenmill.gateway.metrics import GatewayMetrics
-from tokenmill.gateway.streams import ReplayStream, final_output
+from tokenmill.gateway.streams import ReplayStream, record
 from tokenmill.sampling.params import SamplingParams
 
 POLICIES = ("cascade", "random", "classifier")
@@ -135,10 +135,10 @@ class Router:
             small = await self.engines[spec.small].add_request(
                 request_id, prompt_for(spec.small), small_params
             )
-            output = await final_output(small)
+            output, steps = await record(small)
             if confidence(output, spec.metric) >= spec.threshold:
                 self.metrics.route_requests.labels(spec.name, spec.small).inc()
-                return spec.small, ReplayStream(output, request_id)
+                return spec.small, ReplayStream(output, steps, request_id)
             self.metrics.route_escalations.labels(spec.name).inc()
             name = spec.large
         stream = await self.engines[name].add_request(request_id, prompt_for(name), params)

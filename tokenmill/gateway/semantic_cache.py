@@ -7,7 +7,8 @@ and if both name the same particulars (numbers, negations, the order of the same
 an averaged embedding barely moves between "12+7" and "12+8" or "Alice paid Bob" and "Bob paid
 Alice". A scope is everything else that shapes an answer (model, sampling settings, system
 prompt, earlier turns): a hit never crosses scopes. Entries expire after `ttl_s` and the least
-recently used goes first beyond `capacity`.
+recently used goes first beyond `capacity`. With a store (gateway/cache_store.py) every change is
+written through, and the entries still live are read back at start.
 """
 
 from __future__ import annotations
@@ -18,11 +19,16 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.gateway.embedding import TextEmbedder
+from tokenmill.gateway.transcript import Step
+
+if TYPE_CHECKING:
+    from tokenmill.gateway.cache_store import CacheStore
 
 DEFAULT_THRESHOLD = 0.94
 """The lowest threshold with no false hit on the repository's near-miss pairs, guard on
@@ -81,6 +87,7 @@ class CacheSettings:
 class CachedAnswer:
     output: RequestOutput
     model: str  # the model that answered (a route's pick)
+    steps: tuple[Step, ...] = ()  # how the answer grew, to replay it in as many chunks
 
 
 @dataclass
@@ -113,13 +120,17 @@ class SemanticCache:
         settings: CacheSettings,
         embedder: TextEmbedder,
         clock: Callable[[], float] = time.monotonic,
+        store: CacheStore | None = None,
     ) -> None:
         self.settings = settings
         self.embedder = embedder
         self.clock = clock
+        self.store = store
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
-        self._expiry: OrderedDict[str, float] = OrderedDict()  # soonest first (one TTL for all)
+        self._expiry: dict[str, float] = {}  # soonest first: restored entries, then one TTL
         self._scopes: dict[str, _ScopeIndex] = {}
+        if store is not None:
+            self._restore(store)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -130,7 +141,7 @@ class SemanticCache:
         query = normalise(query)
         key = _key(scope, query)
         if key in self._entries:
-            self._entries.move_to_end(key)
+            self._used(key)
             return EXACT, self._entries[key].answer
         index = self._scopes.get(scope)
         if index is None:
@@ -141,7 +152,7 @@ class SemanticCache:
             key = index.keys[row]
             entry = self._entries[key]
             if not self.settings.guard or same_particulars(query, entry.query):
-                self._entries.move_to_end(key)
+                self._used(key)
                 return SEMANTIC, entry.answer
         return None
 
@@ -150,10 +161,43 @@ class SemanticCache:
         key = _key(scope, query)
         self._remove(key)
         vector = self.embedder.embed([query])[0]
-        expires = self.clock() + self.settings.ttl_s
+        self._add(key, scope, query, vector, answer, self.settings.ttl_s)
+        if self.store is not None:
+            self.store.put(key, scope, query, vector, answer, self.settings.ttl_s)
+        self._evict_beyond_capacity()
+
+    def _add(
+        self,
+        key: str,
+        scope: str,
+        query: str,
+        vector: np.ndarray,
+        answer: CachedAnswer,
+        ttl_s: float,
+    ) -> None:
+        expires = self.clock() + ttl_s
         self._entries[key] = _Entry(scope, query, vector, answer, expires)
         self._expiry[key] = expires
         self._scopes.setdefault(scope, _ScopeIndex(self.embedder.dim)).add(key, vector)
+
+    def _restore(self, store: CacheStore) -> None:
+        """The store's live entries, each with the time it has left (at most this TTL)."""
+        now = store.wall_clock()
+        for entry in store.load():
+            vector = entry.vector
+            if vector.shape != (self.embedder.dim,):  # stored by another embedder
+                vector = self.embedder.embed([entry.query])[0]
+            ttl_s = min(entry.expires_at - now, self.settings.ttl_s)
+            self._add(entry.key, entry.scope, entry.query, vector, entry.answer, ttl_s)
+        self._expiry = dict(sorted(self._expiry.items(), key=lambda item: item[1]))
+        self._evict_beyond_capacity()
+
+    def _used(self, key: str) -> None:
+        self._entries.move_to_end(key)
+        if self.store is not None:
+            self.store.touch(key)
+
+    def _evict_beyond_capacity(self) -> None:
         while len(self._entries) > self.settings.capacity:
             self._remove(next(iter(self._entries)))
 
@@ -170,6 +214,8 @@ class SemanticCache:
             index.remove(key)
             if not index.keys:
                 del self._scopes[entry.scope]
+            if self.store is not None:
+                self.store.delete(key)
 
 
 class _ScopeIndex:

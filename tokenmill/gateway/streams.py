@@ -1,40 +1,51 @@
 """Streams the serving code reads like the engine's RequestStream: a finished answer replayed
-(a cache hit, a cascade's small answer), and an engine stream whose final answer is kept."""
+step by step (a cache hit, a cascade's small answer), and an engine stream whose final answer
+and steps are kept."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
 
 from tokenmill.engine.async_engine import RequestStream
 from tokenmill.engine.outputs import RequestOutput
+from tokenmill.gateway.transcript import Recorder, Step, replay
+
+Finished = Callable[[RequestOutput, tuple[Step, ...]], None]
+"""Told a stream's final output and the steps it grew by."""
 
 
 class ReplayStream(RequestStream):
-    """A finished RequestOutput as a stream of one output, under the caller's request id.
-    (A RequestStream, so the serving code takes it like any engine stream.)"""
+    """A finished answer as the stream of cumulative outputs it was generated as, under the
+    caller's request id. (A RequestStream, so the serving code takes it like any engine
+    stream.)"""
 
-    def __init__(self, output: RequestOutput, request_id: str) -> None:
+    def __init__(self, final: RequestOutput, steps: Sequence[Step], request_id: str) -> None:
         super().__init__(request_id, engine=None)  # type: ignore[arg-type]  # nothing to abort
-        self.put(replace(output, request_id=request_id))
+        self.final = final
+        self.steps = tuple(steps)
+        for output in replay(final, self.steps, request_id):
+            self.put(output)
 
     def close(self) -> None:
         self.finished = True
 
 
 class RecordingStream(RequestStream):
-    """An engine stream that hands its finished output to `on_finished` on the way through."""
+    """An engine stream that hands its final output and steps to `on_finished` on the way
+    through."""
 
-    def __init__(self, inner: RequestStream, on_finished: Callable[[RequestOutput], None]) -> None:
+    def __init__(self, inner: RequestStream, on_finished: Finished) -> None:
         super().__init__(inner.request_id, engine=None)  # type: ignore[arg-type]
         self._inner = inner
         self._on_finished = on_finished
+        self._recorder = Recorder()
 
     async def __anext__(self) -> RequestOutput:
         output = await self._inner.__anext__()
         self.finished = self._inner.finished
+        self._recorder.see(output)
         if output.finished:
-            self._on_finished(output)
+            self._on_finished(output, tuple(self._recorder.steps))
         return output
 
     def close(self) -> None:
@@ -42,14 +53,16 @@ class RecordingStream(RequestStream):
         self._inner.close()
 
 
-async def final_output(stream: RequestStream) -> RequestOutput:
-    """Run a stream to its end; closing it however this ends (an abort frees its blocks)."""
-    final = None
+async def record(stream: RequestStream) -> tuple[RequestOutput, tuple[Step, ...]]:
+    """Run a stream to its end: its final output and the steps it grew by; the stream is
+    closed however this ends (an abort frees its blocks)."""
+    final, recorder = None, Recorder()
     try:
         async for output in stream:
             final = output
+            recorder.see(output)
     finally:
         stream.close()
     if final is None:
         raise RuntimeError(f"request {stream.request_id} ended without an output")
-    return final
+    return final, tuple(recorder.steps)
