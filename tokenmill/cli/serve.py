@@ -87,12 +87,17 @@ def _add_cache_args(serve: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--semantic-cache-threshold",
-        type=float,
-        default=DEFAULT_THRESHOLD,
-        help="least cosine similarity of a semantic hit, in [0, 1]",
+        default=str(DEFAULT_THRESHOLD),
+        help="least cosine similarity of a semantic hit, in [0, 1], or the file "
+        "`tokenmill cache calibrate` wrote",
     )
     group.add_argument("--semantic-cache-ttl", type=float, default=defaults.ttl_s, help="seconds")
     group.add_argument("--semantic-cache-capacity", type=int, default=defaults.capacity)
+    group.add_argument(
+        "--semantic-cache-path",
+        default=None,
+        help="keep the cache in this SQLite file, so a restarted server hits (default: memory)",
+    )
     group.add_argument(
         "--semantic-cache-guard",
         action=argparse.BooleanOptionalAction,
@@ -148,13 +153,16 @@ def _models_and_routes(ns: argparse.Namespace) -> tuple[list, dict]:
 def _semantic_cache(ns: argparse.Namespace):
     if not ns.semantic_cache:
         return None
+    from tokenmill.gateway.cache_eval import read_threshold
+    from tokenmill.gateway.cache_store import CacheStore
     from tokenmill.gateway.embedding import packaged_embedder
     from tokenmill.gateway.semantic_cache import SemanticCache
 
     settings = CacheSettings(
-        ns.semantic_cache_threshold,
+        read_threshold(ns.semantic_cache_threshold),
         ns.semantic_cache_ttl,
         ns.semantic_cache_capacity,
         ns.semantic_cache_guard,
     )
-    return SemanticCache(settings, packaged_embedder())
+    store = None if ns.semantic_cache_path is None else CacheStore(ns.semantic_cache_path)
+    return SemanticCache(settings, packaged_embedder(), store=store)
