@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tokenmill.gateway.calibration import cascade_curve, random_curve, share_to_reach
+from tokenmill.gateway.calibration import (
+    cascade_curve,
+    random_curve,
+    relative_cost,
+    share_to_reach,
+    summary,
+)
 from tokenmill.gateway.router_data import Item, routing_items
 
 
@@ -62,3 +68,28 @@ def test_random_routing_interpolates_the_two_accuracies():
     records = [record(True, True, -1), record(False, True, -1)]
     curve = random_curve(records, steps=4)
     assert [row["accuracy"] for row in curve] == pytest.approx([0.5, 0.625, 0.75, 0.875, 1.0])
+
+
+def priced(small_cost_s: float, large_cost_s: float) -> list[dict]:
+    return [
+        {**r, "question": f"q{i}", "small_cost_s": small_cost_s, "large_cost_s": large_cost_s}
+        for i, r in enumerate(RECORDS)
+    ]
+
+
+def test_a_cascade_pays_for_the_small_model_on_every_prompt():
+    assert relative_cost("cascade-mean", 1 / 3, 0.25) == pytest.approx(0.25 + 1 / 3)
+    assert relative_cost("classifier", 1 / 3, 0.25) == pytest.approx(2 / 3 * 0.25 + 1 / 3)
+
+
+def test_compute_saved_prices_the_share_that_reaches_the_large_models_accuracy():
+    cascade = summary(priced(1.0, 4.0))["policies"]["cascade-mean"]
+    # reaching the large model's 2/3 takes no large call: the small model alone, at 1/4 the cost
+    assert cascade["share_at_large"] == 0.0
+    assert cascade["compute_saved_at_large"] == pytest.approx(0.75)
+
+
+def test_records_without_costs_save_calls_but_price_nothing():
+    result = summary([{**r, "question": f"q{i}"} for i, r in enumerate(RECORDS)])
+    assert result["small_over_large_cost"] is None
+    assert result["policies"]["cascade-mean"]["compute_saved_at_large"] is None

@@ -7,6 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
+from tokenmill.config import QUANTIZATION_METHODS
+
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     router = commands.add_parser("router", help="calibrate routing policies; train the classifier")
@@ -15,7 +17,19 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "calibrate", help="accuracy against large-model share for cascade, classifier, random"
     )
     calibrate.add_argument("--small", default="smollm2-135m-instruct")
-    calibrate.add_argument("--large", default="gemma3-270m")
+    calibrate.add_argument(
+        "--small-quantization",
+        choices=QUANTIZATION_METHODS,
+        default="nf4",
+        help="the small model's weights (default nf4: the cheap, lossy configuration)",
+    )
+    calibrate.add_argument("--large", default="smollm2-135m-instruct")
+    calibrate.add_argument(
+        "--large-quantization",
+        choices=QUANTIZATION_METHODS,
+        default="none",
+        help="the large model's weights (default none: the float weights, the strong one)",
+    )
     calibrate.add_argument("--max-tokens", type=int, default=16)
     calibrate.add_argument(
         "--results",
@@ -28,7 +42,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     train.add_argument(
         "--results",
         default=None,
-        help="results.jsonl from `router calibrate` (default: the packaged SmolLM2 / Gemma run)",
+        help="results.jsonl from `router calibrate` (default: the packaged run, SmolLM2 NF4 / "
+        "float)",
     )
     train.add_argument("--out", default="router-classifier.json")
     train.set_defaults(func=run_train)
@@ -43,7 +58,14 @@ def run_calibrate(ns: argparse.Namespace) -> int:
     if ns.results:
         records = calibration.read_records(ns.results)
     else:
-        records = calibration.run_models(routing_items(), ns.small, ns.large, ns.max_tokens)
+        records = calibration.run_models(
+            routing_items(),
+            ns.small,
+            ns.large,
+            ns.max_tokens,
+            {"quantization": ns.small_quantization},
+            {"quantization": ns.large_quantization},
+        )
         calibration.write_records(records, out / "results.jsonl")
     result = calibration.summary(records)
     (out / "curves.json").write_text(json.dumps(result, indent=1))
