@@ -8,6 +8,7 @@ from tokenmill.engine.outputs import CompletionOutput, RequestOutput
 from tokenmill.gateway.cache_store import CacheStore
 from tokenmill.gateway.embedding import packaged_embedder
 from tokenmill.gateway.semantic_cache import CachedAnswer, CacheSettings, SemanticCache
+from tokenmill.gateway.transcript import steps_array
 from tokenmill.request import RequestMetrics
 from tokenmill.sampling.sampler import TokenLogprobs
 
@@ -24,7 +25,7 @@ def answer(text: str, model: str = "m") -> CachedAnswer:
     logprobs = [TokenLogprobs(7, -0.5, 1, [(7, -0.5), (9, -1.5)])]
     completion = CompletionOutput(0, text, [7], -0.5, logprobs, "stop")
     output = RequestOutput("r", "p", [1, 2], [completion], True, 1, RequestMetrics(3.0))
-    return CachedAnswer(output, model, (((1, len(text), True),),))
+    return CachedAnswer(output, model, steps_array([1, len(text), 1]))
 
 
 def restarted(path, wall: Clock, **settings) -> SemanticCache:

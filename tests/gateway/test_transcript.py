@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tokenmill.engine.outputs import CompletionOutput, RequestOutput
-from tokenmill.gateway.transcript import Recorder, replay
+from tokenmill.gateway.transcript import Recorder, replay, steps_array
 from tokenmill.request import RequestMetrics
 
 
@@ -30,7 +30,7 @@ def recorded() -> Recorder:
 
 
 def test_a_replay_repeats_each_generated_output_under_the_new_id():
-    replayed = replay(GENERATED[-1], tuple(recorded().steps), "hit")
+    replayed = replay(GENERATED[-1], recorded().steps, "hit")
     assert [r.request_id for r in replayed] == ["hit"] * 3
     for again, generated in zip(replayed, GENERATED, strict=True):
         assert again.outputs == generated.outputs
@@ -40,10 +40,10 @@ def test_a_replay_repeats_each_generated_output_under_the_new_id():
 def test_an_output_that_changed_nothing_is_recorded_once():
     recorder = recorded()
     recorder.see(GENERATED[-1])
-    assert len(recorder.steps) == 3
+    assert len(replay(GENERATED[-1], recorder.steps, "hit")) == 3
 
 
 def test_an_answer_without_steps_replays_as_its_final_output():
-    assert replay(GENERATED[-1], (), "hit") == [
+    assert replay(GENERATED[-1], steps_array(), "hit") == [
         RequestOutput("hit", "p", [1], GENERATED[-1].outputs, True, 0, RequestMetrics(0.0))
     ]

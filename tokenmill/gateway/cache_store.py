@@ -21,6 +21,7 @@ import numpy as np
 
 from tokenmill.engine.outputs import CompletionOutput, RequestOutput
 from tokenmill.gateway.semantic_cache import CachedAnswer
+from tokenmill.gateway.transcript import steps_array
 from tokenmill.request import RequestMetrics, SpecDecodeMetrics
 from tokenmill.sampling.sampler import TokenLogprobs
 from tokenmill.structured.tools import ToolCall
@@ -112,7 +113,7 @@ class CacheStore:
 
 
 def answer_to_json(answer: CachedAnswer) -> dict[str, Any]:
-    return {"model": answer.model, "steps": answer.steps, "output": asdict(answer.output)}
+    return {"model": answer.model, "steps": answer.steps.tolist(), "output": asdict(answer.output)}
 
 
 def answer_from_json(data: dict[str, Any]) -> CachedAnswer:
@@ -125,8 +126,7 @@ def answer_from_json(data: dict[str, Any]) -> CachedAnswer:
         output["prompt_logprobs"] = [
             None if t is None else _logprobs(t) for t in output["prompt_logprobs"]
         ]
-    steps = tuple(tuple((int(t), int(c), bool(d)) for t, c, d in step) for step in data["steps"])
-    return CachedAnswer(RequestOutput(**output), data["model"], steps)
+    return CachedAnswer(RequestOutput(**output), data["model"], steps_array(data["steps"]))
 
 
 def _completion(data: dict[str, Any]) -> CompletionOutput:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from array import array
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Protocol
@@ -21,7 +22,6 @@ from tokenmill.engine.outputs import RequestOutput
 from tokenmill.gateway.metrics import GatewayMetrics
 from tokenmill.gateway.semantic_cache import CachedAnswer, SemanticCache
 from tokenmill.gateway.streams import RecordingStream, ReplayStream
-from tokenmill.gateway.transcript import Step
 from tokenmill.sampling.params import SamplingParams
 
 CACHEABLE_FINISH_REASONS = ("stop", "length")
@@ -92,7 +92,7 @@ class CachedRequest:
         self.metrics.cache_misses.inc()
         stream = await self.inner.add_request(request_id, prompt, params)
 
-        def keep(output: RequestOutput, steps: tuple[Step, ...]) -> None:
+        def keep(output: RequestOutput, steps: array) -> None:
             reasons = [c.finish_reason for c in output.outputs]
             if all(r in CACHEABLE_FINISH_REASONS for r in reasons):
                 answer = CachedAnswer(output, self.answered_by(), steps)

@@ -16,16 +16,17 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.gateway.embedding import TextEmbedder
-from tokenmill.gateway.transcript import Step
+from tokenmill.gateway.transcript import steps_array
 
 if TYPE_CHECKING:
     from tokenmill.gateway.cache_store import CacheStore
@@ -87,7 +88,7 @@ class CacheSettings:
 class CachedAnswer:
     output: RequestOutput
     model: str  # the model that answered (a route's pick)
-    steps: tuple[Step, ...] = ()  # how the answer grew, to replay it in as many chunks
+    steps: array = field(default_factory=steps_array)  # how it grew (gateway/transcript.py)
 
 
 @dataclass

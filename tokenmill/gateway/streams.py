@@ -4,13 +4,14 @@ and steps are kept."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from array import array
+from collections.abc import Callable
 
 from tokenmill.engine.async_engine import RequestStream
 from tokenmill.engine.outputs import RequestOutput
-from tokenmill.gateway.transcript import Recorder, Step, replay
+from tokenmill.gateway.transcript import Recorder, replay
 
-Finished = Callable[[RequestOutput, tuple[Step, ...]], None]
+Finished = Callable[[RequestOutput, array], None]
 """Told a stream's final output and the steps it grew by."""
 
 
@@ -19,10 +20,10 @@ class ReplayStream(RequestStream):
     caller's request id. (A RequestStream, so the serving code takes it like any engine
     stream.)"""
 
-    def __init__(self, final: RequestOutput, steps: Sequence[Step], request_id: str) -> None:
+    def __init__(self, final: RequestOutput, steps: array, request_id: str) -> None:
         super().__init__(request_id, engine=None)  # type: ignore[arg-type]  # nothing to abort
         self.final = final
-        self.steps = tuple(steps)
+        self.steps = steps
         for output in replay(final, self.steps, request_id):
             self.put(output)
 
@@ -45,7 +46,7 @@ class RecordingStream(RequestStream):
         self.finished = self._inner.finished
         self._recorder.see(output)
         if output.finished:
-            self._on_finished(output, tuple(self._recorder.steps))
+            self._on_finished(output, self._recorder.steps)
         return output
 
     def close(self) -> None:
@@ -53,7 +54,7 @@ class RecordingStream(RequestStream):
         self._inner.close()
 
 
-async def record(stream: RequestStream) -> tuple[RequestOutput, tuple[Step, ...]]:
+async def record(stream: RequestStream) -> tuple[RequestOutput, array]:
     """Run a stream to its end: its final output and the steps it grew by; the stream is
     closed however this ends (an abort frees its blocks)."""
     final, recorder = None, Recorder()
@@ -65,4 +66,4 @@ async def record(stream: RequestStream) -> tuple[RequestOutput, tuple[Step, ...]
         stream.close()
     if final is None:
         raise RuntimeError(f"request {stream.request_id} ended without an output")
-    return final, tuple(recorder.steps)
+    return final, recorder.steps

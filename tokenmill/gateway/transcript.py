@@ -1,52 +1,62 @@
 """How a finished answer grew: after each engine step, for each choice, the tokens and the
 characters shown so far and whether it had finished. With the final output this replays the
 answer as the same sequence of cumulative outputs the engine streamed (a cache hit, a cascade's
-small answer), so a replayed stream is chunked like a generated one."""
+small answer), so a replayed stream is chunked like a generated one.
+
+Steps are kept flat in one int array (per step, per choice: tokens, characters, finished), a
+few bytes a token, since the semantic cache holds one per entry.
+"""
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import replace
 
 from tokenmill.engine.outputs import CompletionOutput, RequestOutput
 
-Step = tuple[tuple[int, int, bool], ...]
-"""Per choice: (tokens, characters, finished)."""
+FIELDS_PER_CHOICE = 3
 
 
-def step_of(output: RequestOutput) -> Step:
-    return tuple(
-        (len(c.token_ids), len(c.text), c.finish_reason is not None) for c in output.outputs
-    )
+def steps_array(values: list[int] | None = None) -> array:
+    return array("i", values or [])
 
 
 class Recorder:
     """Notes the step of each output a stream yields (an unchanged one once)."""
 
     def __init__(self) -> None:
-        self.steps: list[Step] = []
+        self.steps = steps_array()
+        self._last: list[int] | None = None
 
     def see(self, output: RequestOutput) -> None:
-        step = step_of(output)
-        if not self.steps or self.steps[-1] != step:
-            self.steps.append(step)
+        step = [
+            value
+            for c in output.outputs
+            for value in (len(c.token_ids), len(c.text), int(c.finish_reason is not None))
+        ]
+        if step != self._last:
+            self.steps.extend(step)
+            self._last = step
 
 
-def replay(final: RequestOutput, steps: tuple[Step, ...], request_id: str) -> list[RequestOutput]:
+def replay(final: RequestOutput, steps: array, request_id: str) -> list[RequestOutput]:
     """The cumulative outputs of `steps`, cut from `final`, under `request_id`; the last is
     `final` itself (no steps: `final` alone)."""
-    outputs = [_cut(final, step, request_id) for step in steps[:-1]]
+    width = FIELDS_PER_CHOICE * len(final.outputs)
+    starts = range(0, len(steps) - width, width)  # every step but the last
+    outputs = [_cut(final, steps[start : start + width], request_id) for start in starts]
     return [*outputs, replace(final, request_id=request_id)]
 
 
-def _cut(final: RequestOutput, step: Step, request_id: str) -> RequestOutput:
+def _cut(final: RequestOutput, step: array, request_id: str) -> RequestOutput:
     choices = [
-        _cut_choice(choice, tokens, chars, done)
-        for choice, (tokens, chars, done) in zip(final.outputs, step, strict=True)
+        _cut_choice(choice, *step[i * FIELDS_PER_CHOICE : (i + 1) * FIELDS_PER_CHOICE])
+        for i, choice in enumerate(final.outputs)
     ]
     return replace(final, request_id=request_id, outputs=choices, finished=False)
 
 
-def _cut_choice(choice: CompletionOutput, tokens: int, chars: int, done: bool) -> CompletionOutput:
+def _cut_choice(choice: CompletionOutput, tokens: int, chars: int, done: int) -> CompletionOutput:
     if done:
         return choice
     logprobs = None if choice.logprobs is None else choice.logprobs[:tokens]
