@@ -152,6 +152,8 @@ def _models_and_routes(ns: argparse.Namespace) -> tuple[list, dict]:
 
 def _semantic_cache(ns: argparse.Namespace):
     if not ns.semantic_cache:
+        if ns.semantic_cache_path is not None:
+            raise ValueError("--semantic-cache-path needs --semantic-cache")
         return None
     from tokenmill.gateway.cache_eval import read_threshold
     from tokenmill.gateway.cache_store import CacheStore
