@@ -156,6 +156,7 @@ def test_a_restarted_server_hits_what_the_last_one_cached(smollm, serve_engines,
     with persistent_server() as first:
         generated = answer(ask(first, "How do I boil an egg?"))
     with persistent_server() as second:
+        assert second.metric_with_labels("tokenmill_semantic_cache_entries") == 1
         exact = ask(second, "How do I boil an egg?")
         semantic = ask(second, "How should I boil an egg?")
     assert exact.headers["x-tokenmill-cache"] == "exact"

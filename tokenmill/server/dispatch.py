@@ -58,6 +58,8 @@ class Dispatcher:
             name: Router(spec, engines, self.metrics) for name, spec in (routes or {}).items()
         }
         self.cache = cache
+        if cache is not None:  # a cache read back from its file starts with entries
+            self.metrics.cache_entries.set(len(cache))
 
     @property
     def names(self) -> list[str]:
