@@ -55,7 +55,10 @@ def deploy(settings: ClusterSettings, host: str, port: int) -> str:
 
 def undeploy() -> None:
     """Drain: Serve stops routing, waits for in-flight requests (up to the deployments'
-    graceful_shutdown_timeout_s), then stops every replica and the proxy."""
+    graceful_shutdown_timeout_s) and stops the replicas, while the proxy still carries their
+    responses; then stops the proxy."""
+    with contextlib.suppress(Exception):  # the app may be gone already
+        serve.delete(APP_NAME)
     serve.shutdown()
     with contextlib.suppress(ValueError):  # no board: the app never served
         ray.kill(ray.get_actor(board_name(APP_NAME), namespace=NAMESPACE))
@@ -66,9 +69,9 @@ def run_cluster_server(
 ) -> int:
     """`tokenmill serve --replicas N`: serve until SIGTERM or SIGINT, then drain."""
     stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     with ray_session(ray_address, local_cpus(settings)):
+        for signum in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which installs its own
+            signal.signal(signum, lambda *_: stop.set())
         url = deploy(settings, host, port)
         print(
             f"tokenmill: serving {settings.model_name} on {url} with {settings.num_replicas} "
