@@ -1,6 +1,6 @@
 """The replicas' metrics as the ingress shows them: each replica's series labelled with its
-`replica` rank, the counters and gauges also summed into the unlabelled series a single-process
-server exposes (so its dashboards keep working), and whether every replica is up."""
+`replica` rank, the counters and gauges (not the ratios) also summed into the unlabelled series
+a single-process server exposes (so its dashboards keep working), and how many replicas are up."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from prometheus_client.registry import Collector
 from tokenmill.cluster.board import ReplicaReport
 
 SUMMED_TYPES = ("counter", "gauge")
+RATIO_SUFFIXES = ("_ratio", "_rate")
+"""Gauges that are fractions: their sum over replicas means nothing, so they have no total."""
 
 
 class ReplicaLabelled(Collector):
@@ -36,7 +38,7 @@ class ReplicaLabelled(Collector):
                     family.samples.append(
                         s._replace(labels={**s.labels, "replica": str(report.rank)})
                     )
-                    if metric.type in SUMMED_TYPES:
+                    if metric.type in SUMMED_TYPES and not metric.name.endswith(RATIO_SUFFIXES):
                         key = (s.name, tuple(sorted(s.labels.items())))
                         totals[metric.name][key] = totals[metric.name].get(key, 0.0) + s.value
         for name, family in families.items():
