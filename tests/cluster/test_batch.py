@@ -126,3 +126,17 @@ def test_batch_on_ray_data_with_two_replicas_writes_the_same_file(
     assert cli.main(argv) == 0
     expected = "".join(finished_file.read_text().splitlines(keepends=True)[:48])
     assert output.read_text() == expected
+
+
+def test_a_chat_line_is_answered_as_llm_chat_answers_it(tmp_path, smollm_path):
+    messages = [{"role": "user", "content": "Name a colour."}]
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"messages": messages}) + "\n")
+    output = tmp_path / "out.jsonl"
+    argv = ["batch", "--input", str(path), "--output", str(output), "--model", str(smollm_path)]
+    assert cli.main(argv + ENGINE_FLAGS) == 0
+    llm = LLM(str(smollm_path), kv_cache_memory="64MiB")
+    (expected,) = llm.chat(
+        messages, SamplingParams(max_tokens=MAX_TOKENS, temperature=0), use_tqdm=False
+    )
+    assert read(output)[0]["text"] == expected.outputs[0].text

@@ -92,6 +92,21 @@ def test_bad_request_is_a_400_naming_the_field(cluster):
     assert response.json()["error"]["param"] == "max_tokens"
 
 
+def test_a_constrained_request_is_checked_at_the_ingress_and_held_on_the_replica(cluster):
+    with cluster.http() as http:
+        bad = {"prompt": "Hi", "max_tokens": 2, "response_format": {"type": "json_schema"}}
+        refused = http.post("/v1/completions", json=bad)
+        body = {
+            "prompt": "Is the sky blue? Answer:",
+            "max_tokens": 4,
+            "structured_outputs": {"choice": ["yes", "no"]},
+        }
+        answered = http.post("/v1/completions", json=body)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "response_format"
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["choices"][0]["text"] in ("yes", "no")
+
+
 def test_client_disconnect_aborts_the_request_on_its_replica(cluster):
     body = {"prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True, "stream": True}
     with cluster.http() as http, http.stream("POST", "/v1/completions", json=body) as response:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from tokenmill.engine.engine import PromptInput
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.llm import LLM
 from tokenmill.sampling.params import SamplingParams
@@ -78,10 +79,15 @@ def params_for(record: dict[str, Any], default: SamplingParams) -> SamplingParam
     return replace(default, **given) if given else default
 
 
-def prompt_of(llm: LLM, record: dict[str, Any]) -> str:
-    if "messages" in record:
-        return llm.tokenizer.apply_chat_template(record["messages"])
-    return str(record["prompt"])
+def prompt_of(llm: LLM, record: dict[str, Any]) -> PromptInput:
+    """A chat is rendered with the model's template, as LLM.chat renders it."""
+    if "messages" not in record:
+        return str(record["prompt"])
+    text = llm.tokenizer.apply_chat_template(record["messages"])
+    return {
+        "prompt": text,
+        "prompt_token_ids": llm.tokenizer.encode(text, add_special_tokens=False),
+    }
 
 
 def complete(llm: LLM, lines: Sequence[BatchLine], default: SamplingParams) -> list[str]:
