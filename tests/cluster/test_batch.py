@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tokenmill import cli
-from tokenmill.cluster.batch_job import CHUNK_LINES, finished_count
+from tokenmill.cluster.batch_job import CHUNK_LINES, finished_count, read_lines, run_local
 from tokenmill.llm import LLM
 from tokenmill.sampling.params import SamplingParams
 
@@ -37,12 +37,14 @@ def input_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def expected_texts(smollm_path: Path) -> list[str]:
-    llm = LLM(str(smollm_path), kv_cache_memory="64MiB")
-    outputs = llm.generate(
-        prompts(), SamplingParams(max_tokens=MAX_TOKENS, temperature=0), use_tqdm=False
-    )
-    return [o.outputs[0].text for o in outputs]
+def llm(smollm_path: Path) -> LLM:
+    return LLM(str(smollm_path), kv_cache_memory="64MiB")
+
+
+@pytest.fixture(scope="module")
+def expected_texts(llm: LLM) -> list[str]:
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
+    return [o.outputs[0].text for o in llm.generate(prompts(), params, use_tqdm=False)]
 
 
 @pytest.fixture(scope="module")
@@ -128,15 +130,12 @@ def test_batch_on_ray_data_with_two_replicas_writes_the_same_file(
     assert output.read_text() == expected
 
 
-def test_a_chat_line_is_answered_as_llm_chat_answers_it(tmp_path, smollm_path):
+def test_a_chat_line_is_answered_as_llm_chat_answers_it(tmp_path, llm):
     messages = [{"role": "user", "content": "Name a colour."}]
     path = tmp_path / "in.jsonl"
     path.write_text(json.dumps({"messages": messages}) + "\n")
     output = tmp_path / "out.jsonl"
-    argv = ["batch", "--input", str(path), "--output", str(output), "--model", str(smollm_path)]
-    assert cli.main(argv + ENGINE_FLAGS) == 0
-    llm = LLM(str(smollm_path), kv_cache_memory="64MiB")
-    (expected,) = llm.chat(
-        messages, SamplingParams(max_tokens=MAX_TOKENS, temperature=0), use_tqdm=False
-    )
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
+    run_local(llm, read_lines(path), output, params)
+    (expected,) = llm.chat(messages, params, use_tqdm=False)
     assert read(output)[0]["text"] == expected.outputs[0].text

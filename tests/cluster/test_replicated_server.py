@@ -137,6 +137,13 @@ def test_metrics_label_every_replica_and_total_them(cluster):
     assert summary["replicas_up"] == 2 and sorted(summary["replicas"]) == ["0", "1"]
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a core per replica")
+def test_each_replica_is_pinned_to_a_core_of_its_own(cluster):
+    replicas = cluster.http().get("/v1/metrics").json()["replicas"]
+    cores = [replicas[rank]["cores"] for rank in ("0", "1")]
+    assert all(len(c) == 1 for c in cores) and cores[0] != cores[1]
+
+
 def test_killed_replica_errors_its_stream_and_the_deployment_serves_again(cluster):
     client = cluster.openai()
     stream = client.completions.create(

@@ -105,7 +105,7 @@ class EngineReplica:
         metrics = self.async_engine.metrics
         report: dict[str, Any] = {
             "families": list(metrics.registry.collect()),
-            "summary": metrics.summary(),
+            "summary": {**metrics.summary(), "cores": self.cores},
             "running": self.async_engine.is_running,
         }
         try:
