@@ -12,10 +12,12 @@ fi
 # torch is pinned to the CPU wheel 2.13.0 in pyproject.toml; never let it float.
 # bitsandbytes, the tests' NF4 reference, first and without its dependencies (torch among them).
 .venv/bin/python -m pip install --quiet --no-deps bitsandbytes==0.50.2
-.venv/bin/python -m pip install --quiet -e ".[test]"
+.venv/bin/python -m pip install --quiet -e ".[test,cluster]"
 # That line also brings xgrammar (structured outputs), pinned with its FFI runtime; it leaves the
 # torch pin alone and pulls transformers (pinned by the test extra) and triton, which only its
 # CUDA kernels use. tokenmill imports xgrammar on the first constrained request only.
+# The cluster extra is Ray (Serve and Data, pinned in pyproject) for `serve --replicas` and
+# `batch --replicas`; it leaves torch alone too, and tokenmill imports it for those alone.
 # The playground's browser tests: Debian's chromium and its driver (CI runs as root on Debian;
 # skipped when chromium is already there), and selenium pinned in pyproject's browser-test
 # extra, installed without its async dependencies, which the tests never load.

@@ -13,6 +13,7 @@ import tokenmill
 
 FLOORS: list[list[str]] = [
     ["tokenmill.cli"],
+    ["tokenmill.cluster"],  # Ray Serve replicas around the server's app; Ray Data batch jobs
     ["tokenmill.server", "tokenmill.bench", "tokenmill.train"],
     ["tokenmill.gateway"],  # several models, routing, the semantic cache: no HTTP
     ["tokenmill"],  # the package root re-exports the offline API

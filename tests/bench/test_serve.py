@@ -151,3 +151,11 @@ def test_goodput_counts_completed_requests_within_every_objective():
     ]
     assert requests_meeting(traces, slos) == 2
     assert requests_meeting(traces, {"e2el_ms": 850}) == 3
+
+
+def test_prefix_hit_rate_counts_the_prompt_tokens_the_server_reports_cached(tokenmill_server):
+    shared = list(range(600, 664))  # four blocks; the warm-up request caches them
+    requests = [BenchRequest(shared, None, 2), BenchRequest(shared, None, 2)]
+    config = ServeConfig(tokenmill_server, max_concurrency=1)
+    result = run_serve(config, requests, use_tqdm=False)
+    assert result.prefix_hit_rate is not None and result.prefix_hit_rate >= 0.5

@@ -14,6 +14,7 @@ from tokenmill.bench.workloads import (
     random_requests,
     sessions,
     single,
+    tenants,
 )
 
 
@@ -100,3 +101,10 @@ def test_sessions_share_a_system_prompt_and_grow_each_history_turn_by_turn():
     for first, second in zip(first_turns, second_turns, strict=True):
         assert second.prompt_token_ids[: len(first.prompt_token_ids)] == first.prompt_token_ids
         assert len(second.prompt_token_ids) == len(first.prompt_token_ids) + 4 + 5
+
+
+def test_tenants_requests_each_start_with_one_of_the_tenants_system_prompts():
+    requests = tenants(num_tenants=3, system_tokens=40, count=30, user_tokens=(5, 9))
+    systems = {tuple(r.prompt_token_ids[:40]) for r in requests}
+    assert len(requests) == 30 and len(systems) == 3
+    assert all(45 <= len(r.prompt_token_ids) <= 49 for r in requests)

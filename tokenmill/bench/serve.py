@@ -101,6 +101,7 @@ class ServeConfig:
 @dataclass
 class RequestTrace:
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # as the server's usage reports them (prefix-cache hits)
     output_tokens: int = 0
     ttft_s: float = 0.0
     itl_s: list[float] = field(default_factory=list)
@@ -134,6 +135,7 @@ class ServeResult:
     duration_s: float
     prompt_tokens: int
     output_tokens: int
+    prefix_hit_rate: float | None  # cached prompt tokens / prompt tokens, from usage
     request_throughput: float  # completed requests per second
     output_throughput: float  # output tokens per second
     total_token_throughput: float
@@ -154,6 +156,7 @@ class ServeResult:
             ("completed / failed", f"{self.completed} / {self.failed}"),
             ("duration", f"{self.duration_s:.2f} s"),
             ("prompt / output tokens", f"{self.prompt_tokens} / {self.output_tokens}"),
+            ("prefix hit rate", _percent(self.prefix_hit_rate)),
             ("request throughput", f"{self.request_throughput:.2f} req/s"),
             ("output throughput", f"{self.output_throughput:.1f} tok/s"),
             ("total token throughput", f"{self.total_token_throughput:.1f} tok/s"),
@@ -265,6 +268,8 @@ async def _stream_completion(
                 if chunk.get("usage"):
                     trace.prompt_tokens = chunk["usage"].get("prompt_tokens", trace.prompt_tokens)
                     trace.output_tokens = chunk["usage"].get("completion_tokens", 0)
+                    details = chunk["usage"].get("prompt_tokens_details") or {}
+                    trace.cached_prompt_tokens = details.get("cached_tokens") or 0
                 choices = chunk.get("choices") or []
                 if choices and choices[0].get("text"):
                     now = time.perf_counter()
@@ -298,6 +303,7 @@ def _summarize(
     failed = [t for t in traces if t.error is not None]
     prompt_tokens = sum(t.prompt_tokens for t in done)
     output_tokens = sum(t.output_tokens for t in done)
+    cached_tokens = sum(t.cached_prompt_tokens for t in done)
     met = requests_meeting(traces, config.goodput) if config.goodput else None
     return ServeResult(
         base_url=config.base_url,
@@ -310,6 +316,7 @@ def _summarize(
         duration_s=duration,
         prompt_tokens=prompt_tokens,
         output_tokens=output_tokens,
+        prefix_hit_rate=cached_tokens / prompt_tokens if prompt_tokens else None,
         request_throughput=len(done) / duration,
         output_throughput=output_tokens / duration,
         total_token_throughput=(prompt_tokens + output_tokens) / duration,
@@ -322,3 +329,7 @@ def _summarize(
         e2el_ms=Distribution.of([t.e2e_s * 1000 for t in done]),
         first_error=failed[0].error if failed else None,
     )
+
+
+def _percent(rate: float | None) -> str:
+    return "n/a" if rate is None else f"{100 * rate:.1f} %"

@@ -125,12 +125,34 @@ def sessions(
     return requests
 
 
+def tenants(
+    num_tenants: int = 8,
+    system_tokens: int = 1000,
+    count: int = 256,
+    user_tokens: tuple[int, int] = (32, 128),
+    max_tokens: int = 32,
+) -> list[BenchRequest]:
+    """A multi-tenant service: `num_tenants` system prompts of `system_tokens` each, and `count`
+    requests, each one tenant's (at random) system prompt plus its own user message. Sent at a
+    Poisson rate (--request-rate), it shows whether routing keeps a tenant's prefix on the
+    replica that cached it: the prefix hit rate, and TTFT."""
+    rng = random.Random(11)
+    systems = [random_token_ids(rng, system_tokens) for _ in range(num_tenants)]
+    requests = []
+    for _ in range(count):
+        system = systems[rng.randrange(num_tenants)]
+        user = random_token_ids(rng, rng.randint(*user_tokens))
+        requests.append(BenchRequest([*system, *user], None, max_tokens))
+    return requests
+
+
 BUILTIN_WORKLOADS = {
     "batch64": batch64,
     "single": single,
     "rewrite": rewrite,
     "chat": chat,
     "sessions": sessions,
+    "tenants": tenants,
 }
 
 

@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from tokenmill.cli import (
+    batch,
     bench,
     cache,
     chat,
@@ -30,6 +31,7 @@ COMMANDS = (
     generate,
     chat,
     serve,
+    batch,
     bench,
     kv_plan,
     quantize,

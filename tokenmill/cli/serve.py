@@ -51,6 +51,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     _add_route_args(serve)
     _add_cache_args(serve)
+    _add_replica_args(serve)
     add_engine_args(serve, several_models=True)
     serve.set_defaults(func=run)
 
@@ -74,6 +75,36 @@ def _add_route_args(serve: argparse.ArgumentParser) -> None:
     group.add_argument("--route-metric", choices=CONFIDENCE_METRICS, default="mean")
     group.add_argument(
         "--route-classifier", default=None, help="classifier: the file `router train` wrote"
+    )
+
+
+def _add_replica_args(serve: argparse.ArgumentParser) -> None:
+    group = serve.add_argument_group("scale-out: engine replicas on Ray Serve (docs/scaling.md)")
+    group.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="run N engine replicas on Ray Serve behind this endpoint (default: one engine in "
+        "this process, no Ray)",
+    )
+    group.add_argument(
+        "--ray-address",
+        default=None,
+        help="join a running Ray cluster ('auto' or HOST:PORT); default: start a local Ray on "
+        "loopback",
+    )
+    group.add_argument(
+        "--threads-per-replica",
+        type=int,
+        default=1,
+        help="compute threads of each replica, pinned to cores of their own where there are enough",
+    )
+    group.add_argument(
+        "--routing",
+        choices=("prefix", "pow2"),
+        default="prefix",
+        help="prefix: send a prompt to the replica likely to hold its prefix, least loaded when "
+        "load is imbalanced; pow2: Ray Serve's power of two choices (the baseline)",
     )
 
 
@@ -107,6 +138,8 @@ def _add_cache_args(serve: argparse.ArgumentParser) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
+    if ns.replicas is not None:
+        return _run_replicas(ns)
     from tokenmill.server.app import run_server
 
     models, routes = _models_and_routes(ns)
@@ -122,6 +155,29 @@ def run(ns: argparse.Namespace) -> int:
         routes=routes,
         semantic_cache=_semantic_cache(ns),
     )
+
+
+def _run_replicas(ns: argparse.Namespace) -> int:
+    from tokenmill.cluster.app import ClusterSettings
+    from tokenmill.cluster.launch import run_cluster_server
+
+    if ns.config is not None or len(ns.model or []) > 1 or ns.route_policy or ns.semantic_cache:
+        raise ValueError(
+            "--replicas serves one model: drop --config, a second --model, --route-policy and "
+            "--semantic-cache"
+        )
+    settings = ClusterSettings(
+        engine_args_from(ns),
+        num_replicas=ns.replicas,
+        threads_per_replica=ns.threads_per_replica,
+        routing=ns.routing,
+        served_model_name=ns.served_model_name,
+        api_key=ns.api_key,
+        max_waiting_requests=ns.max_waiting_requests,
+        ui=ns.ui,
+        shutdown_timeout_s=ns.shutdown_timeout,
+    )
+    return run_cluster_server(settings, ns.host, ns.port, ns.ray_address)
 
 
 def _models_and_routes(ns: argparse.Namespace) -> tuple[list, dict]:

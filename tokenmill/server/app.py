@@ -73,6 +73,24 @@ def build_app(
     """`engine`: one engine named `model_name`, or engines by name, the default first."""
     engines = engine if isinstance(engine, Mapping) else {model_name or engine.args.model: engine}
     async_engines = {name: AsyncLLMEngine(e, max_waiting_requests) for name, e in engines.items()}
+
+    def close() -> None:
+        for e in engines.values():
+            e.close()  # the disk tier, if any, writes the cached blocks it lacks
+
+    return build_app_over(async_engines, api_key, ui, routes, semantic_cache, close)
+
+
+def build_app_over(
+    async_engines: Mapping[str, AsyncLLMEngine],
+    api_key: str | None = None,
+    ui: bool = True,
+    routes: Mapping[str, RouteSpec] | None = None,
+    semantic_cache: SemanticCache | None = None,
+    on_close: Callable[[], None] = lambda: None,
+) -> FastAPI:
+    """The app over engines shaped like AsyncLLMEngine (local ones, or replicas elsewhere that
+    tokenmill.cluster puts behind that shape): started with the app, shut down with it."""
     dispatcher = Dispatcher(async_engines, routes, semantic_cache)
 
     @asynccontextmanager
@@ -82,9 +100,9 @@ def build_app(
         try:
             yield
         finally:
-            for name, async_engine in async_engines.items():
+            for async_engine in async_engines.values():
                 await async_engine.shutdown()
-                engines[name].close()  # the disk tier, if any, writes the cached blocks it lacks
+            on_close()
 
     app = FastAPI(title="tokenmill", lifespan=lifespan)
     app.state.serving = dispatcher.context(None)

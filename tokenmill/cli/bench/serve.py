@@ -15,7 +15,7 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--workload",
         default="batch64",
-        help="batch64, single, rewrite, chat, sessions, or a JSONL file of requests",
+        help="batch64, single, rewrite, chat, sessions, tenants, or a JSONL file of requests",
     )
     serve.add_argument(
         "--model",
@@ -30,6 +30,12 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     serve.add_argument("--seed", type=int, default=0, help="seed of the arrival times")
     serve.add_argument(
         "--goodput", default=None, help="SLOs such as ttft_ms=500,tpot_ms=50 (also e2el_ms)"
+    )
+    serve.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="send only the workload's first N requests (a quick check)",
     )
     serve.add_argument("--json", default=None, help="also write the result as JSON here")
     serve.set_defaults(func=run)
@@ -48,7 +54,12 @@ def run(ns: argparse.Namespace) -> int:
         seed=ns.seed,
         goodput=parse_goodput(ns.goodput) if ns.goodput else {},
     )
-    result = run_serve(config, load_workload(ns.workload))
+    requests = load_workload(ns.workload)
+    if ns.num_requests is not None:
+        if ns.num_requests < 1:
+            raise ValueError(f"--num-requests must be at least 1, got {ns.num_requests}")
+        requests = requests[: ns.num_requests]  # a prefix: every `after` stays inside it
+    result = run_serve(config, requests)
     print(result.table())
     if ns.json:
         payload = {"benchmark": "serve", "workload": ns.workload, "seed": ns.seed}
