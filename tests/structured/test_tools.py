@@ -28,6 +28,14 @@ def test_auto_mode_parses_calls_in_the_tool_call_convention():
     assert plan.parse("No call here.") is None
 
 
+def test_a_reply_with_calls_keeps_the_content_before_them():
+    plan = plan_tools([WEATHER, TIME], "auto")
+    text = 'Sure. <tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    assert plan.reply(text).content == "Sure."
+    assert plan.reply(text.removeprefix("Sure. ")).content is None
+    assert plan.reply("No call here.").content == "No call here."
+
+
 def test_required_mode_parses_a_list_of_calls_and_not_a_cut_off_one():
     plan = plan_tools([WEATHER, TIME], "required")
     assert plan.constraint is not None and plan.constraint.kind == "json"
@@ -39,7 +47,7 @@ def test_required_mode_parses_a_list_of_calls_and_not_a_cut_off_one():
 def test_a_named_function_constrains_to_its_arguments():
     plan = plan_tools([WEATHER, TIME], {"type": "function", "function": {"name": "get_weather"}})
     assert plan.constraint.json == WEATHER["function"]["parameters"]
-    (call,) = plan.parse('{"city":  "Oslo"}')
+    (call,) = plan.parse('{"city": "Oslo"}')
     assert (call.name, call.arguments) == ("get_weather", '{"city": "Oslo"}')
 
 

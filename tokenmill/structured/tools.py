@@ -13,15 +13,13 @@ in the same convention. Tools and messages come in OpenAI's shapes, as plain dic
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from tokenmill.sampling.structured_outputs import StructuredOutputsParams
+from tokenmill.structured.tool_parser import ToolCallParser
 
-TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 TOOL_CHOICES = ("none", "auto", "required")
 
@@ -88,26 +86,31 @@ class ToolPlan:
             "</tool_call>."
         )
 
+    def parser(self) -> ToolCallParser:
+        """An incremental parser of this plan's output (tool_parser.py), for a stream."""
+        return ToolCallParser(self.mode, self.function_name)
+
     def parse(self, text: str) -> list[ToolCall] | None:
-        """The calls in `text`; None if it holds none (then it is a plain answer)."""
-        if self.mode == "named":
-            assert self.function_name is not None
-            return [_call(self.function_name, _arguments_text(text))]
-        if self.mode == "required":
-            try:
-                calls = [_call(c["name"], json.dumps(c["arguments"])) for c in json.loads(text)]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                return None  # cut off by max_tokens before the list was complete
-            return calls or None
-        found = []
-        for body in TOOL_CALL.findall(text):
-            try:
-                call = json.loads(body)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(call, dict) and isinstance(call.get("name"), str):
-                found.append(_call(call["name"], json.dumps(call.get("arguments", {}))))
-        return found or None
+        """The calls in a finished `text`; None if it holds none (then it is a plain answer).
+        Each call's `arguments` is the model's own text of them, as a stream sends it."""
+        return self.reply(text).calls
+
+    def reply(self, text: str) -> ToolReply:
+        """A finished `text` as a reply: its calls, and the content before them (all of it when
+        it makes no call)."""
+        parser = self.parser()
+        parser.feed(text)
+        parser.finish()
+        calls = [ToolCall(c.id, c.name, c.arguments) for c in parser.calls]
+        if not calls:
+            return ToolReply(text, None)
+        return ToolReply(parser.content().strip() or None, calls)
+
+
+@dataclass(frozen=True)
+class ToolReply:
+    content: str | None
+    calls: list[ToolCall] | None
 
 
 def plan_tools(
@@ -226,18 +229,6 @@ def _calls_schema(functions: tuple[Function, ...]) -> StructuredOutputsParams:
     return StructuredOutputsParams(
         json={"type": "array", "minItems": 1, "items": {"anyOf": one_call}}
     )
-
-
-def _call(name: str, arguments: str) -> ToolCall:
-    return ToolCall(f"call_{uuid.uuid4().hex[:24]}", name, arguments)
-
-
-def _arguments_text(text: str) -> str:
-    """Arguments as compact JSON when they parse (a cut-off output is passed on as it is)."""
-    try:
-        return json.dumps(json.loads(text))
-    except json.JSONDecodeError:
-        return text
 
 
 def _loads(function: Mapping[str, Any]) -> Any:
