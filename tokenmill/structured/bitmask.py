@@ -31,12 +31,17 @@ class MaskRows:
     num_tentative: int = 0  # drafts accepted while filling, rolled back after
 
 
+@dataclass(frozen=True)
+class FilledRows:
+    rows: list[int]
+    fill_s: float  # the fill's own time
+
+
 @dataclass
 class PendingMask:
-    """A fill under way (or done): the rows it fills, once finished, and its duration."""
+    """A fill under way, or done."""
 
-    rows: Future[list[int]]
-    started: float
+    filled: Future[FilledRows]
 
 
 class TokenBitmask:
@@ -51,31 +56,30 @@ class TokenBitmask:
             if background
             else None
         )
-        self.fill_time_s = 0.0  # the fills' own time, wherever they ran
 
     def start(self, requests: list[MaskRows], num_rows: int) -> PendingMask:
         """Begin filling the rows of `requests` in a bitmask of `num_rows` rows."""
         if self._buffer.shape[0] < num_rows:
             self._buffer = xgr.allocate_token_bitmask(num_rows, self._vocab_size)
-        started = time.perf_counter()
         if self._worker is not None:
-            return PendingMask(self._worker.submit(self._fill, requests), started)
-        rows: Future[list[int]] = Future()
-        rows.set_result(self._fill(requests))
-        return PendingMask(rows, started)
+            return PendingMask(self._worker.submit(self._fill, requests))
+        filled: Future[FilledRows] = Future()
+        filled.set_result(self._fill(requests))
+        return PendingMask(filled)
 
-    def apply(self, pending: PendingMask, logits: torch.Tensor) -> int:
-        """Wait for `pending`, then mask its rows of `logits` in place; returns how many."""
-        rows = pending.rows.result()
-        if rows:
-            ops.apply_token_bitmask(logits, self._buffer, torch.tensor(rows, dtype=torch.long))
-        return len(rows)
+    def apply(self, pending: PendingMask, logits: torch.Tensor) -> FilledRows:
+        """Wait for `pending`, then mask its rows of `logits` in place."""
+        filled = pending.filled.result()
+        if filled.rows:
+            rows = torch.tensor(filled.rows, dtype=torch.long)
+            ops.apply_token_bitmask(logits, self._buffer, rows)
+        return filled
 
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.shutdown(wait=True)
 
-    def _fill(self, requests: list[MaskRows]) -> list[int]:
+    def _fill(self, requests: list[MaskRows]) -> FilledRows:
         """Fill the rows level by level; returns the rows filled. A request stops at a draft its
         grammar refuses (verification rejects it, so the rows after it are never used) or once
         its grammar has ended."""
@@ -105,5 +109,4 @@ class TokenBitmask:
         for request in requests:
             if request.num_tentative:
                 request.matcher.rollback(request.num_tentative)
-        self.fill_time_s += time.perf_counter() - start
-        return filled
+        return FilledRows(filled, time.perf_counter() - start)

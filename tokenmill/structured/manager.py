@@ -137,11 +137,10 @@ class StructuredOutputManager:
         assert self._bitmask is not None
         start = time.perf_counter()
         pending, self._pending = self._pending, None
-        fill_before = self._bitmask.fill_time_s
-        num_rows = self._bitmask.apply(pending, logits)
+        filled = self._bitmask.apply(pending, logits)
         self.stats.num_masked_steps += 1
-        self.stats.num_masked_rows += num_rows
-        self.stats.fill_time_s += self._bitmask.fill_time_s - fill_before
+        self.stats.num_masked_rows += len(filled.rows)
+        self.stats.fill_time_s += filled.fill_s
         self.stats.mask_time_s += time.perf_counter() - start
 
     def mask_logits(self, sampling: Sequence[ScheduledRequest], logits: torch.Tensor) -> None:
@@ -181,4 +180,4 @@ class StructuredOutputManager:
         wait for it (it moves matchers tentatively) and forget it."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            pending.rows.exception()
+            pending.filled.exception()
