@@ -52,7 +52,12 @@ from tokenmill.server.serving import (
     submit,
     usage,
 )
-from tokenmill.server.tools import plan_tools, template_messages, tool_call_deltas, tool_reply
+from tokenmill.server.tools import (
+    chat_template_input,
+    plan_tools,
+    tool_call_deltas,
+    tool_reply,
+)
 from tokenmill.structured.tool_parser import ToolCallParser
 from tokenmill.structured.tools import ToolPlan
 
@@ -103,7 +108,8 @@ async def create_chat_completion(
                 "top_logprobs",
             )
     tools = plan_tools(req)
-    prompt = chat_prompt(ctx.tokenizer, req.messages, template_messages(req.messages, tools))
+    rendered, template_tools = chat_template_input(req.messages, tools, ctx.tokenizer.chat_template)
+    prompt = chat_prompt(ctx.tokenizer, req.messages, rendered, template_tools)
     top = (req.top_logprobs or 0) if req.logprobs else None
     constraint = output_constraint(req)
     if tools is not None and tools.constraint is not None:

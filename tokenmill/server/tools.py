@@ -31,9 +31,12 @@ def plan_tools(req: ChatCompletionRequest) -> ToolPlan | None:
         raise bad_request(str(exc), exc.param) from exc
 
 
-def template_messages(messages: list[ChatMessage], plan: ToolPlan | None) -> list[dict[str, Any]]:
-    """The conversation for the chat template, tools and earlier calls written in."""
-    return tools.template_messages([_openai_message(m) for m in messages], plan)
+def chat_template_input(
+    messages: list[ChatMessage], plan: ToolPlan | None, chat_template: str | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The conversation for the chat template and the tools it renders itself, if it does;
+    otherwise the tools and earlier calls written into the messages."""
+    return tools.chat_template_input([_openai_message(m) for m in messages], plan, chat_template)
 
 
 def tool_reply(plan: ToolPlan, text: str) -> tuple[str | None, list[ToolCall] | None]:

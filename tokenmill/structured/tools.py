@@ -12,13 +12,18 @@ in the same convention. Tools and messages come in OpenAI's shapes, as plain dic
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import jinja2
+import jinja2.ext
+from jinja2 import meta
+
 from tokenmill.sampling.structured_outputs import StructuredOutputsParams
-from tokenmill.structured.tool_parser import ToolCallParser
+from tokenmill.structured.tool_parser import HERMES, ToolCallParser
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 TOOL_CHOICES = ("none", "auto", "required")
@@ -41,6 +46,14 @@ class Function:
     name: str
     description: str = ""
     parameters: Mapping[str, Any] | None = None
+
+    def as_openai(self) -> dict[str, Any]:
+        """OpenAI's tool shape, as chat templates that render tools read it."""
+        function = {"name": self.name, "description": self.description}
+        return {
+            "type": "function",
+            "function": {**function, "parameters": dict(self.parameters or EMPTY_PARAMETERS)},
+        }
 
 
 @dataclass(frozen=True)
@@ -150,6 +163,38 @@ def plan_tools(
     return ToolPlan("named", functions, StructuredOutputsParams(json=parameters), name)
 
 
+def template_renders_tools(chat_template: str | None) -> bool:
+    """Whether a chat template describes the tools itself (it reads `tools`) and has the model
+    write each call as a `<tool_call>` block of JSON with its name and arguments (Hermes, Qwen
+    2.5 and Qwen 3 templates): the syntax the parser reads. A template with another call syntax
+    (Llama 3's, Mistral's, XML inside `<tool_call>`) is left to the convention."""
+    if not chat_template or "tools" not in _template_variables(chat_template):
+        return False
+    json_calls = '"arguments"' in chat_template and "<function=" not in chat_template
+    return HERMES.start in chat_template and HERMES.end in chat_template and json_calls
+
+
+def chat_template_input(
+    messages: Sequence[Mapping[str, Any]], plan: ToolPlan | None, chat_template: str | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The conversation and the `tools` to render it with: a template that renders tools in a
+    syntax the parser reads (`template_renders_tools`) gets them, and earlier calls as OpenAI
+    messages (arguments parsed, as such templates expect); any other gets no tools and the
+    convention written into its messages (`template_messages`)."""
+    if plan is None or not template_renders_tools(chat_template):
+        return template_messages(messages, plan), None
+    rendered = []
+    for message in messages:
+        copy = {**message, "content": message.get("content") or ""}
+        if message.get("tool_calls"):
+            copy["tool_calls"] = [
+                {**call, "function": {**call["function"], "arguments": _loads(call["function"])}}
+                for call in message["tool_calls"]
+            ]
+        rendered.append(copy)
+    return rendered, [function.as_openai() for function in plan.functions]
+
+
 def template_messages(
     messages: Sequence[Mapping[str, Any]], plan: ToolPlan | None
 ) -> list[dict[str, Any]]:
@@ -240,3 +285,15 @@ def _loads(function: Mapping[str, Any]) -> Any:
         return json.loads(arguments)
     except json.JSONDecodeError:
         return arguments
+
+
+_PARSER = jinja2.Environment(extensions=[jinja2.ext.loopcontrols])
+
+
+@functools.lru_cache(maxsize=16)
+def _template_variables(chat_template: str) -> frozenset[str]:
+    """The variables a template reads from its caller."""
+    try:
+        return frozenset(meta.find_undeclared_variables(_PARSER.parse(chat_template)))
+    except jinja2.TemplateError:
+        return frozenset()
