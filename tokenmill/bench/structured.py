@@ -30,6 +30,19 @@ FIVE_FIELDS = {
 BUILTIN_SCHEMAS = {"five_fields": FIVE_FIELDS}
 
 
+def schema_variants(count: int, seed: int) -> list[dict]:
+    """`count` distinct copies of the built-in schema, its field names marked with the seed and
+    the copy's number: a server compiles each apart (its grammar cache cannot serve one for
+    another), and another seed makes a warm server compile again."""
+    variants = []
+    for number in range(count):
+        suffix = f"_{seed}_{number}"
+        properties = {f"{name}{suffix}": field for name, field in FIVE_FIELDS["properties"].items()}
+        required = [f"{name}{suffix}" for name in FIVE_FIELDS["required"]]
+        variants.append({**FIVE_FIELDS, "properties": properties, "required": required})
+    return variants
+
+
 def load_json_schema(name: str) -> StructuredOutputsParams:
     """A built-in schema by name, or a JSON schema file."""
     if name in BUILTIN_SCHEMAS:

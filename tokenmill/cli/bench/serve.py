@@ -31,6 +31,14 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--goodput", default=None, help="SLOs such as ttft_ms=500,tpot_ms=50 (also e2el_ms)"
     )
+    serve.add_argument(
+        "--json-schemas",
+        type=int,
+        default=0,
+        metavar="N",
+        help="hold request i to the i mod N-th of N distinct JSON schemas, so grammars compile "
+        "under load (vLLM's structured_outputs field); 0, the default: unconstrained",
+    )
     serve.add_argument("--json", default=None, help="also write the result as JSON here")
     serve.set_defaults(func=run)
 
@@ -47,10 +55,16 @@ def run(ns: argparse.Namespace) -> int:
         max_concurrency=ns.max_concurrency,
         seed=ns.seed,
         goodput=parse_goodput(ns.goodput) if ns.goodput else {},
+        json_schemas=ns.json_schemas,
     )
     result = run_serve(config, load_workload(ns.workload))
     print(result.table())
     if ns.json:
-        payload = {"benchmark": "serve", "workload": ns.workload, "seed": ns.seed}
+        payload = {
+            "benchmark": "serve",
+            "workload": ns.workload,
+            "seed": ns.seed,
+            "json_schemas": ns.json_schemas,
+        }
         write_json(Path(ns.json), {**payload, **dataclasses.asdict(result)})
     return 0 if result.completed else 1
