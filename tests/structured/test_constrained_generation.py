@@ -118,6 +118,15 @@ def test_greedy_output_is_the_same_across_preemption(runner, engine):
     assert [out.outputs[0].token_ids for out in outputs] == expected
 
 
+def test_greedy_output_is_the_same_with_the_masks_filled_after_the_forward_pass(runner, engine):
+    prompts = [runner.chat(f"Describe {city} as JSON.") for city in ("Kyiv", "Perth")]
+    params = SamplingParams(temperature=0, max_tokens=32, structured_outputs=CITY)
+    overlapped = [out.outputs[0].token_ids for out in runner.run(engine, prompts, params)]
+    in_loop = runner.engine(overlap_grammar_masks=False)
+    assert [out.outputs[0].token_ids for out in runner.run(in_loop, prompts, params)] == overlapped
+    assert in_loop.structured.stats.num_masked_steps > 0
+
+
 def test_a_constraint_that_does_not_compile_is_refused_without_holding_blocks(engine):
     bad = SamplingParams(structured_outputs=StructuredOutputsParams(regex="(unclosed"))
     with pytest.raises(ValueError, match="^regex"):
