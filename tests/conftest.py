@@ -9,8 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tokenmill.config import EngineArgs
+from tokenmill.engine.engine import LLMEngine
+from tokenmill.engine.outputs import RequestOutput
 from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.loader.resolve import DEFAULT_MODEL, resolve_model
+from tokenmill.sampling.params import SamplingParams
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -58,6 +62,50 @@ def hf_smollm(smollm_path: Path):
         str(smollm_path.parent), gguf_file=smollm_path.name, dtype=torch.float32
     )
     return model.eval()
+
+
+class EngineRunner:
+    """Engines on one loaded model, run to the end with every KV block accounted for."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+
+    def engine(self, **kwargs) -> LLMEngine:
+        args = EngineArgs(model=str(self.loaded.path), **{"kv_cache_memory": "64MiB", **kwargs})
+        return LLMEngine(args, loaded=self.loaded)
+
+    def chat(self, content: str) -> list[int]:
+        tokenizer = self.loaded.tokenizer
+        text = tokenizer.apply_chat_template([{"role": "user", "content": content}], True)
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    @staticmethod
+    def run(engine: LLMEngine, prompts, params: SamplingParams) -> list[RequestOutput]:
+        ids = [f"req-{i}" for i in range(len(prompts))]
+        for request_id, prompt in zip(ids, prompts, strict=True):
+            engine.add_request(request_id, prompt, params)
+        done: dict[str, RequestOutput] = {}
+        for _ in range(5000):
+            if not engine.has_unfinished_requests():
+                break
+            for output in engine.step():
+                if output.finished:
+                    done[output.request_id] = output
+        assert not engine.has_unfinished_requests(), "engine stopped making progress"
+        assert engine.kv_manager is not None
+        assert engine.kv_manager.pool.num_free_blocks == engine.num_blocks, "KV blocks leaked"
+        return [done[request_id] for request_id in ids]
+
+    def tokens(self, prompts, params: SamplingParams, **kwargs) -> list[list[int]]:
+        outputs = self.run(self.engine(**kwargs), prompts, params)
+        return [out.outputs[0].token_ids for out in outputs]
+
+
+@pytest.fixture(scope="session")
+def runner(smollm) -> EngineRunner:
+    """Engines on the real SmolLM2: `runner.engine(**engine_args)`, `runner.run(engine,
+    prompts, params)`, `runner.chat(text)` for a one-turn chat prompt's ids."""
+    return EngineRunner(smollm)
 
 
 @pytest.fixture(scope="session")

@@ -158,6 +158,10 @@ class EngineArgs:
     # process-wide from the first engine on (tokenmill/engine/host_memory.py); False leaves
     # malloc as it was, the baseline (in a fresh process: the setting cannot be undone).
     reuse_host_memory: bool = True
+    # Structured outputs (docs/structured-outputs.md): fill a step's grammar token masks in a
+    # background thread while the forward pass runs; False fills them in the step loop after
+    # it, the baseline.
+    overlap_grammar_masks: bool = True
     # Speculative decoding (docs/speculative.md); None is the baseline: one target step a token.
     speculative_method: str | None = None
     num_speculative_tokens: int = 4

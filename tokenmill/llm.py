@@ -16,7 +16,7 @@ from tokenmill.engine.outputs import RequestOutput
 from tokenmill.loader.tokenizer import Tokenizer
 from tokenmill.sampling.params import SamplingParams
 from tokenmill.sampling.structured_outputs import StructuredOutputsParams
-from tokenmill.structured.tools import ToolPlan, plan_tools, template_messages
+from tokenmill.structured.tools import ToolPlan, chat_template_input, plan_tools
 
 Conversation = list[dict[str, Any]]
 
@@ -80,17 +80,17 @@ class LLM:
         "tool_calls". Messages may carry OpenAI's `tool_calls` and `tool` results."""
         plan = plan_tools(tools, tool_choice)
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [
-            {
-                "prompt_token_ids": self.tokenizer.encode(
-                    self.tokenizer.apply_chat_template(
-                        template_messages(conv, plan), add_generation_prompt
-                    ),
-                    add_special_tokens=False,
-                )
-            }
-            for conv in conversations
-        ]
+        prompts = []
+        for conversation in conversations:
+            rendered, template_tools = chat_template_input(
+                conversation, plan, self.tokenizer.chat_template
+            )
+            text = self.tokenizer.apply_chat_template(
+                rendered, add_generation_prompt, tools=template_tools
+            )
+            prompts.append(
+                {"prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)}
+            )
         if plan is not None and plan.constraint is not None:
             sampling_params = _constrained(sampling_params, plan.constraint, len(prompts))
         outputs = self.generate(prompts, sampling_params, use_tqdm)

@@ -24,6 +24,7 @@ from tokenmill.bench.serve import (
     requests_meeting,
     run_serve,
 )
+from tokenmill.bench.structured import schema_variants
 from tokenmill.bench.workloads import BenchRequest
 
 SMALL_POOL = ("--kv-cache-memory", "32MiB")
@@ -83,6 +84,21 @@ def test_all_at_once_with_a_base_url_ending_in_v1(tokenmill_server):
     result = run_serve(ServeConfig(f"{tokenmill_server}/v1/"), requests, use_tqdm=False)
     assert result.request_rate is None
     assert (result.completed, result.output_tokens, result.prompt_tokens) == (2, 5, 4)
+
+
+def test_each_request_can_be_held_to_its_own_json_schema(tokenmill_server):
+    requests = [BenchRequest([600, 700, 800], None, 4), BenchRequest([900, 1000], None, 4)]
+    config = ServeConfig(tokenmill_server, json_schemas=2, seed=11)
+    result = run_serve(config, requests, use_tqdm=False)
+    assert (result.completed, result.failed, result.json_schemas) == (2, 0, 2)
+    assert "2 distinct" in result.table()
+
+
+def test_schema_variants_differ_in_their_field_names():
+    first, second = schema_variants(2, seed=3)
+    assert set(first["properties"]).isdisjoint(second["properties"])
+    assert first["required"] == list(first["properties"])
+    assert schema_variants(1, seed=4)[0] != first
 
 
 def test_server_refusing_the_request_is_a_value_error_with_its_message(tokenmill_server):

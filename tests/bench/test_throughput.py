@@ -94,6 +94,7 @@ def test_a_json_schema_run_holds_outputs_to_it_and_reports_the_mask_cost(smollm)
     result = run_throughput(engine, requests, "x", False, keep, json_schema="five_fields")
     cost = result.structured
     assert cost is not None and cost.num_masked_steps > 0 and cost.mask_ms_per_step > 0
+    assert cost.fill_ms_per_step > 0
     assert cost.compile.compile_cold_s > cost.compile.compile_cached_s
     assert "mask per step" in result.table()
     for completion in done:  # complete JSON, or cut off by max_tokens inside it

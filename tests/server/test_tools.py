@@ -59,19 +59,27 @@ def test_named_tool_choice_calls_that_function(client):
     assert set(json.loads(call.function.arguments)) == {"city"}
 
 
-def test_streamed_tool_call_deltas_reassemble_to_the_same_call(client):
+def test_streamed_tool_calls_arrive_in_pieces_and_reassemble_to_the_same_call(client):
     (whole,) = ask(client, tool_choice="required").choices
-    calls: dict[int, dict[str, str]] = {}
+    deltas: dict[int, list] = {}
     finish_reason = None
     for chunk in ask(client, tool_choice="required", stream=True):
         for choice in chunk.choices:
             finish_reason = choice.finish_reason or finish_reason
             for delta in choice.delta.tool_calls or []:
-                call = calls.setdefault(delta.index, {"name": "", "arguments": ""})
-                call["name"] += delta.function.name or ""
-                call["arguments"] += delta.function.arguments or ""
+                deltas.setdefault(delta.index, []).append(delta)
     assert finish_reason == "tool_calls"
-    assert [calls[i] for i in sorted(calls)] == [
+    for pieces in deltas.values():
+        first, *rest = pieces
+        assert first.id and first.type == "function" and first.function.name
+        assert rest and all(p.id is None and p.function.name is None for p in rest)
+    assert [
+        {
+            "name": deltas[i][0].function.name,
+            "arguments": "".join(p.function.arguments or "" for p in deltas[i]),
+        }
+        for i in sorted(deltas)
+    ] == [
         {"name": c.function.name, "arguments": c.function.arguments}
         for c in whole.message.tool_calls
     ]

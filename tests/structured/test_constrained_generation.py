@@ -10,7 +10,6 @@ import threading
 import pydantic
 import pytest
 
-from tokenmill.config import EngineArgs
 from tokenmill.engine.engine import LLMEngine
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.sampling.params import SamplingParams
@@ -39,53 +38,22 @@ TEAM = StructuredOutputsParams(
 PHONE = r"[0-9]{3}-[0-9]{4}"
 
 
-def chat(engine: LLMEngine, content: str) -> list[int]:
-    tokenizer = engine.tokenizer
-    text = tokenizer.apply_chat_template([{"role": "user", "content": content}], True)
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
-def run(engine: LLMEngine, prompts, params: SamplingParams) -> list[RequestOutput]:
-    ids = [f"req-{i}" for i in range(len(prompts))]
-    for request_id, prompt in zip(ids, prompts, strict=True):
-        engine.add_request(request_id, prompt, params)
-    done: dict[str, RequestOutput] = {}
-    for _ in range(5000):
-        if not engine.has_unfinished_requests():
-            break
-        for output in engine.step():
-            if output.finished:
-                done[output.request_id] = output
-    assert not engine.has_unfinished_requests(), "engine stopped making progress"
-    assert engine.kv_manager.pool.num_free_blocks == engine.num_blocks, "KV blocks leaked"
-    return [done[request_id] for request_id in ids]
-
-
 @pytest.fixture(scope="module")
-def make_engine(smollm):
-    def make(**kwargs) -> LLMEngine:
-        args = EngineArgs(model=str(smollm.path), **{"kv_cache_memory": "64MiB", **kwargs})
-        return LLMEngine(args, loaded=smollm)
-
-    return make
-
-
-@pytest.fixture(scope="module")
-def engine(make_engine) -> LLMEngine:
-    return make_engine()
+def engine(runner) -> LLMEngine:
+    return runner.engine()
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_json_schema_output_validates(engine, temperature):
-    prompts = [chat(engine, f"Describe {city} as JSON.") for city in ("Paris", "Lagos", "Lima")]
+def test_json_schema_output_validates(runner, engine, temperature):
+    prompts = [runner.chat(f"Describe {city} as JSON.") for city in ("Paris", "Lagos", "Lima")]
     params = SamplingParams(temperature=temperature, seed=3, max_tokens=64, structured_outputs=CITY)
-    for output in run(engine, prompts, params):
+    for output in runner.run(engine, prompts, params):
         (completion,) = output.outputs
         assert completion.finish_reason == "stop"
         City.model_validate_json(completion.text)
 
 
-def test_regex_holds_for_every_sample(engine):
+def test_regex_holds_for_every_sample(runner, engine):
     params = SamplingParams(
         n=8,
         temperature=1.0,
@@ -93,13 +61,13 @@ def test_regex_holds_for_every_sample(engine):
         max_tokens=16,
         structured_outputs=StructuredOutputsParams(regex=PHONE),
     )
-    (output,) = run(engine, [chat(engine, "Make up a phone number.")], params)
+    (output,) = runner.run(engine, [runner.chat("Make up a phone number.")], params)
     assert len(output.outputs) == 8
     for completion in output.outputs:
         assert re.fullmatch(PHONE, completion.text), completion.text
 
 
-def test_choice_holds_for_every_sample(engine):
+def test_choice_holds_for_every_sample(runner, engine):
     choices = ["red", "green", "blue"]
     params = SamplingParams(
         n=8,
@@ -107,14 +75,14 @@ def test_choice_holds_for_every_sample(engine):
         max_tokens=8,
         structured_outputs=StructuredOutputsParams(choice=choices),
     )
-    (output,) = run(engine, [chat(engine, "Pick a colour.")], params)
+    (output,) = runner.run(engine, [runner.chat("Pick a colour.")], params)
     assert {completion.text for completion in output.outputs} <= set(choices)
 
 
-def test_a_completed_grammar_ends_the_request_even_ignoring_eos(engine):
+def test_a_completed_grammar_ends_the_request_even_ignoring_eos(runner, engine):
     spec = StructuredOutputsParams(choice=["yes", "no"])
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, structured_outputs=spec)
-    (output,) = run(engine, [chat(engine, "Is water wet?")], params)
+    (output,) = runner.run(engine, [runner.chat("Is water wet?")], params)
     (completion,) = output.outputs
     assert completion.text in ("yes", "no")
     assert completion.finish_reason == "stop"
@@ -129,25 +97,34 @@ def test_a_completed_grammar_ends_the_request_even_ignoring_eos(engine):
     ],
     ids=["ngram", "draft"],
 )
-def test_greedy_output_is_the_same_with_speculative_decoding(engine, make_engine, speculation):
-    prompts = [chat(engine, "List three team members as JSON."), chat(engine, "Describe Oslo.")]
+def test_greedy_output_is_the_same_with_speculative_decoding(runner, engine, speculation):
+    prompts = [runner.chat("List three team members as JSON."), runner.chat("Describe Oslo.")]
     team = SamplingParams(temperature=0, max_tokens=48, structured_outputs=TEAM)
-    plain = [out.outputs[0].token_ids for out in run(engine, prompts, team)]
-    speculative = make_engine(**speculation)
-    outputs = run(speculative, prompts, team)
+    plain = [out.outputs[0].token_ids for out in runner.run(engine, prompts, team)]
+    speculative = runner.engine(**speculation)
+    outputs = runner.run(speculative, prompts, team)
     assert [out.outputs[0].token_ids for out in outputs] == plain
     assert speculative.scheduler.stats.num_verify_steps > 0
     json.loads(outputs[0].outputs[0].text)
 
 
-def test_greedy_output_is_the_same_across_preemption(engine, make_engine):
-    prompts = [chat(engine, f"Describe {city} as JSON.") for city in ("Rome", "Cairo", "Quito")]
+def test_greedy_output_is_the_same_across_preemption(runner, engine):
+    prompts = [runner.chat(f"Describe {city} as JSON.") for city in ("Rome", "Cairo", "Quito")]
     params = SamplingParams(temperature=0, max_tokens=48, structured_outputs=CITY)
-    expected = [out.outputs[0].token_ids for out in run(engine, prompts, params)]
-    small = make_engine(kv_cache_memory=5 * 16 * engine.kv_bytes_per_token)
-    outputs = run(small, prompts, params)
+    expected = [out.outputs[0].token_ids for out in runner.run(engine, prompts, params)]
+    small = runner.engine(kv_cache_memory=5 * 16 * engine.kv_bytes_per_token)
+    outputs = runner.run(small, prompts, params)
     assert small.scheduler.stats.num_preemptions > 0
     assert [out.outputs[0].token_ids for out in outputs] == expected
+
+
+def test_greedy_output_is_the_same_with_the_masks_filled_after_the_forward_pass(runner, engine):
+    prompts = [runner.chat(f"Describe {city} as JSON.") for city in ("Kyiv", "Perth")]
+    params = SamplingParams(temperature=0, max_tokens=32, structured_outputs=CITY)
+    overlapped = [out.outputs[0].token_ids for out in runner.run(engine, prompts, params)]
+    in_loop = runner.engine(overlap_grammar_masks=False)
+    assert [out.outputs[0].token_ids for out in runner.run(in_loop, prompts, params)] == overlapped
+    assert in_loop.structured.stats.num_masked_steps > 0
 
 
 def test_a_constraint_that_does_not_compile_is_refused_without_holding_blocks(engine):
@@ -159,7 +136,7 @@ def test_a_constraint_that_does_not_compile_is_refused_without_holding_blocks(en
     assert not engine.has_unfinished_requests()
 
 
-def test_a_compiling_grammar_does_not_hold_back_other_requests(engine, monkeypatch):
+def test_a_compiling_grammar_does_not_hold_back_other_requests(runner, engine, monkeypatch):
     """The compiler is held on an event until the unconstrained request has finished."""
     engine.structured.compile(StructuredOutputsParams(json_object=True)).result(timeout=60)
     compiler = engine.structured._compiler
@@ -173,10 +150,10 @@ def test_a_compiling_grammar_does_not_hold_back_other_requests(engine, monkeypat
     monkeypatch.setattr(compiler, "_compile", held_compile)
     year = StructuredOutputsParams(regex=r"(19|20)[0-9]{2}")
     engine.add_request(
-        "held", chat(engine, "A year?"), SamplingParams(max_tokens=8, structured_outputs=year)
+        "held", runner.chat("A year?"), SamplingParams(max_tokens=8, structured_outputs=year)
     )
     engine.add_request(
-        "free", chat(engine, "Say hi."), SamplingParams(max_tokens=8, ignore_eos=True)
+        "free", runner.chat("Say hi."), SamplingParams(max_tokens=8, ignore_eos=True)
     )
     seen: dict[str, RequestOutput] = {}
     try:

@@ -1,4 +1,5 @@
-"""The manager's token masks: one row per position, drafts accepted only tentatively."""
+"""The manager's token masks: one row per position, drafts accepted only tentatively, the same
+whether the bitmask is filled in the background or in the step loop."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from tokenmill.structured.manager import StructuredOutputManager
 SPEC = StructuredOutputsParams(regex="ab")
 
 
-@pytest.fixture(scope="module")
-def manager(smollm):
-    manager = StructuredOutputManager(smollm.tokenizer, smollm.config.vocab_size)
+@pytest.fixture(scope="module", params=[True, False], ids=["background-fill", "in-loop-fill"])
+def manager(smollm, request):
+    manager = StructuredOutputManager(smollm.tokenizer, smollm.config.vocab_size, request.param)
     yield manager
     manager.shutdown()
 
@@ -78,3 +79,26 @@ def test_the_grammar_ends_with_its_stop_token(manager, ids):
     assert manager.accept([request]) == []
     request.append_token(ids["<|im_end|>"])
     assert manager.accept([request]) == [request]
+
+
+def test_requests_with_different_numbers_of_drafts_get_their_own_rows(manager, ids, smollm):
+    drafted, plain = started(manager, "drafted"), started(manager, "plain")
+    items = [
+        ScheduledRequest(drafted, 3, 0, [0], spec_token_ids=(ids["a"], ids["b"])),
+        ScheduledRequest(plain, 1, 0, [0]),
+    ]
+    logits = torch.zeros(4, smollm.config.vocab_size)
+    manager.mask_logits(items, logits)
+    rows = [allowed(logits, row, ids) for row in range(4)]
+    assert rows == [{"a"}, {"b"}, {"<|im_end|>"}, {"a"}]
+
+
+def test_a_fill_never_applied_is_undone_before_the_matcher_advances(manager, ids, smollm):
+    """A step that fails after starting its masks must not leave drafts accepted."""
+    request = started(manager)
+    manager.start_masks([ScheduledRequest(request, 2, 0, [0], spec_token_ids=(ids["a"],))])
+    request.append_token(ids["a"])
+    assert manager.accept([request]) == []
+    logits = torch.zeros(1, smollm.config.vocab_size)
+    manager.mask_logits([ScheduledRequest(request, 1, 0, [0])], logits)
+    assert allowed(logits, 0, ids) == {"b"}

@@ -6,6 +6,10 @@ llama.cpp's llama-server and vLLM produce the same number of tokens. They arrive
 Poisson process at `request_rate` per second (or all at once), at most `max_concurrency` in
 flight. Times are taken on arrival of each streamed chunk: time to first token (TTFT), the gaps
 between chunks (ITL), time per output token after the first (TPOT) and end-to-end latency.
+
+With `json_schemas` = n, request i is held to the i mod n-th of n distinct JSON schemas
+(bench/structured.py) through vLLM's `structured_outputs` field, so the server compiles
+grammars under load; such a request ends when its JSON is complete, `ignore_eos` or not.
 """
 
 from __future__ import annotations
@@ -82,10 +86,13 @@ class ServeConfig:
     seed: int = 0
     goodput: dict[str, float] = field(default_factory=dict)
     timeout_s: float = 3600.0
+    json_schemas: int = 0  # request i held to schema i mod this many; 0: unconstrained
 
     def __post_init__(self) -> None:
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.json_schemas < 0:
+            raise ValueError(f"json_schemas must be >= 0, got {self.json_schemas}")
 
     @property
     def completions_url(self) -> str:
@@ -147,12 +154,14 @@ class ServeResult:
     itl_ms: Distribution
     e2el_ms: Distribution
     first_error: str | None
+    json_schemas: int = 0  # distinct JSON schemas the requests were held to (0: none)
 
     def table(self) -> str:
         rate = "all at once" if self.request_rate is None else f"{self.request_rate:g}/s"
         rows = [
             ("server", f"{self.base_url} ({self.model})"),
             ("request rate", f"{rate}, max concurrency {self.max_concurrency or 'unlimited'}"),
+            ("JSON schemas", f"{self.json_schemas} distinct" if self.json_schemas else "none"),
             ("completed / failed", f"{self.completed} / {self.failed}"),
             ("duration", f"{self.duration_s:.2f} s"),
             ("prompt / output tokens", f"{self.prompt_tokens} / {self.output_tokens}"),
@@ -192,6 +201,7 @@ async def _run(config: ServeConfig, requests: list[BenchRequest], use_tqdm: bool
         if warmup.error:
             raise ValueError(f"{config.completions_url}: {warmup.error}")
         offsets = arrival_offsets_s(len(requests), config.request_rate, config.seed)
+        schemas = _request_schemas(config, len(requests))
         gate = (
             asyncio.Semaphore(config.max_concurrency)
             if config.max_concurrency
@@ -206,7 +216,9 @@ async def _run(config: ServeConfig, requests: list[BenchRequest], use_tqdm: bool
                 if request.after is not None:
                     await done[request.after].wait()
                 async with gate:
-                    trace = await _stream_completion(client, config, model, request)
+                    trace = await _stream_completion(
+                        client, config, model, request, schema=schemas[index]
+                    )
                 done[index].set()
                 bar.update(1)
                 return trace
@@ -236,8 +248,9 @@ async def _stream_completion(
     model: str,
     request: BenchRequest,
     max_tokens: int | None = None,
+    schema: dict | None = None,
 ) -> RequestTrace:
-    body = {
+    body: dict = {
         "model": model,
         "prompt": request.prompt_input,
         "max_tokens": max_tokens or request.max_tokens,
@@ -246,6 +259,8 @@ async def _stream_completion(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if schema is not None:
+        body["structured_outputs"] = {"json": schema}
     trace = RequestTrace(prompt_tokens=len(request.prompt_token_ids or []))
     num_chunks = 0
     start = last = time.perf_counter()
@@ -290,6 +305,16 @@ async def _stream_completion(
     return trace
 
 
+def _request_schemas(config: ServeConfig, count: int) -> list[dict | None]:
+    """Each request's JSON schema, None for all when the run is unconstrained."""
+    if not config.json_schemas:
+        return [None] * count
+    from tokenmill.bench.structured import schema_variants  # imports the engine: only if used
+
+    variants = schema_variants(config.json_schemas, config.seed)
+    return [variants[index % len(variants)] for index in range(count)]
+
+
 def requests_meeting(traces: list[RequestTrace], slos: dict[str, float]) -> int:
     """How many requests completed within every objective: goodput's numerator (a failed
     request meets none)."""
@@ -328,6 +353,7 @@ def _summarize(
         itl_ms=Distribution.of([gap * 1000 for t in done for gap in t.itl_s]),
         e2el_ms=Distribution.of([t.e2e_s * 1000 for t in done]),
         first_error=failed[0].error if failed else None,
+        json_schemas=config.json_schemas,
     )
 
 

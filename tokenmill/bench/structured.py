@@ -1,5 +1,7 @@
 """What structured outputs cost a throughput run: the JSON schema every request is held to, its
-compile time cold and cached, and the per-step time of the token masks and matchers."""
+compile time cold and cached, and the per-step time of the token masks and matchers (the mask
+fill's own time, and what the step loop spent on masks: with the fill overlapping the forward
+pass, only the wait for it and the apply)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,19 @@ FIVE_FIELDS = {
 """The built-in schema (`--json-schema five_fields`): five fields of the common JSON types."""
 
 BUILTIN_SCHEMAS = {"five_fields": FIVE_FIELDS}
+
+
+def schema_variants(count: int, seed: int) -> list[dict]:
+    """`count` distinct copies of the built-in schema, its field names marked with the seed and
+    the copy's number: a server compiles each apart (its grammar cache cannot serve one for
+    another), and another seed makes a warm server compile again."""
+    variants = []
+    for number in range(count):
+        suffix = f"_{seed}_{number}"
+        properties = {f"{name}{suffix}": field for name, field in FIVE_FIELDS["properties"].items()}
+        required = [f"{name}{suffix}" for name in FIVE_FIELDS["required"]]
+        variants.append({**FIVE_FIELDS, "properties": properties, "required": required})
+    return variants
 
 
 def load_json_schema(name: str) -> StructuredOutputsParams:
@@ -64,9 +79,10 @@ class StructuredCost:
     schema: str
     compile: CompileTimes
     num_masked_steps: int
-    mask_ms_per_step: float  # filling the constrained rows' bitmask and applying it to logits
+    mask_ms_per_step: float  # the step loop's time on the masks: fill (or wait for it) + apply
+    fill_ms_per_step: float  # filling the constrained rows' bitmask, wherever it ran
     matcher_ms_per_step: float  # advancing the matchers over the accepted tokens
-    share_of_elapsed: float  # both, over the run's wall time
+    share_of_elapsed: float  # the step loop's mask and matcher time, over the run's wall time
 
     @classmethod
     def of(
@@ -79,12 +95,14 @@ class StructuredCost:
     ) -> StructuredCost:
         steps = after.num_masked_steps - before.num_masked_steps
         mask_s = after.mask_time_s - before.mask_time_s
+        fill_s = after.fill_time_s - before.fill_time_s
         accept_s = after.accept_time_s - before.accept_time_s
         return cls(
             schema=schema,
             compile=compile_times,
             num_masked_steps=steps,
             mask_ms_per_step=1000 * mask_s / steps if steps else 0.0,
+            fill_ms_per_step=1000 * fill_s / steps if steps else 0.0,
             matcher_ms_per_step=1000 * accept_s / steps if steps else 0.0,
             share_of_elapsed=(mask_s + accept_s) / elapsed_s if elapsed_s else 0.0,
         )
@@ -99,7 +117,8 @@ class StructuredCost:
                 f"{1000 * c.compile_cold_s:.2f} ms / {1000 * c.compile_cached_s:.3f} ms",
             ),
             ("masked steps", f"{self.num_masked_steps}"),
-            ("mask per step", f"{self.mask_ms_per_step:.3f} ms"),
+            ("mask fill per step (its own time)", f"{self.fill_ms_per_step:.3f} ms"),
+            ("mask per step (step loop's time)", f"{self.mask_ms_per_step:.3f} ms"),
             ("matcher advance per step", f"{self.matcher_ms_per_step:.3f} ms"),
             ("mask + matcher share of elapsed", f"{self.share_of_elapsed:.1%}"),
         ]

@@ -112,6 +112,12 @@ def add_engine_args(parser: argparse.ArgumentParser, several_models: bool = Fals
         default=defaults["reuse_host_memory"].default,
         help="malloc keeps freed tensors' pages for the next step (no page faults refilling them)",
     )
+    group.add_argument(
+        "--overlap-grammar-masks",
+        action=argparse.BooleanOptionalAction,
+        default=defaults["overlap_grammar_masks"].default,
+        help="fill structured outputs' token masks while the forward pass runs (--no-: after it)",
+    )
     _add_speculative_args(parser, defaults)
 
 

@@ -101,7 +101,9 @@ class LLMEngine:
             speculation=speculation_policy(args),
         )
         proposer = build_proposer(args, draft, kv_caches, self.num_blocks)
-        self.structured = StructuredOutputManager(self.tokenizer, config.vocab_size)
+        self.structured = StructuredOutputManager(
+            self.tokenizer, config.vocab_size, args.overlap_grammar_masks
+        )
         self._awaiting_grammar: list[Request] = []  # constrained requests still compiling
         self.runner = ModelRunner(
             self.loaded.model,

@@ -6,7 +6,7 @@ whose known tokens are now all computed. With speculative decoding, a request's 
 its drafts; the rejection sampler then decides how many to keep, and the proposer drafts the
 next ones. Rows of requests with structured outputs get their grammar's token mask before
 sampling (or verification, where each draft's row is masked as if the drafts before it were
-accepted).
+accepted); the mask is started before the forward pass, which it does not depend on.
 """
 
 from __future__ import annotations
@@ -105,6 +105,8 @@ class ModelRunner:
             positions += range(start, stop)
         meta = self._attention_metadata(out.scheduled)
         sampling = [s for s in out.scheduled if s.samples]
+        if self.structured is not None:
+            self.structured.start_masks(sampling)  # filled while the forward pass runs
         with torch.inference_mode():
             hidden = self._forward(
                 torch.tensor(input_ids, dtype=torch.long),
@@ -115,7 +117,7 @@ class ModelRunner:
             if sampling:
                 logits = self.model.compute_logits(hidden[self._sampling_rows(out.scheduled)])
                 if self.structured is not None:
-                    self.structured.mask_logits(sampling, logits)
+                    self.structured.apply_masks(logits)
                 self._sample(sampling, logits, output)
             output.verify_time_s = time.perf_counter() - start_time
             if self.proposer is not None:

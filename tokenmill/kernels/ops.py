@@ -5,9 +5,9 @@ compare against); `dispatch.native_or` is that rule, `extension` the loading.
 
 The ops live in modules by job: `float_linear`, `quant_panels`, `quant_linear`, `kquant_linear`,
 `fp8_linear`, `nf4_linear`, `attention`, `kv_store`, `quantized_kv`, `elementwise`,
-`decode_loop`. This module only gathers them; tunables are read (and patched) in the module that
-owns them. `ops._NATIVE` is `extension.NATIVE`, read and set through here: setting it to None
-switches every op to its reference.
+`token_bitmask`, `decode_loop`. This module only gathers them; tunables are read (and patched)
+in the module that owns them. `ops._NATIVE` is `extension.NATIVE`, read and set through here:
+setting it to None switches every op to its reference.
 """
 
 from __future__ import annotations
@@ -126,6 +126,7 @@ from tokenmill.kernels.quantized_kv import (
     store_kv_quantized,
     store_kv_quantized_reference,
 )
+from tokenmill.kernels.token_bitmask import apply_token_bitmask, apply_token_bitmask_reference
 
 __all__ = [
     "BACKEND_ENV",
@@ -153,6 +154,8 @@ __all__ = [
     "add_rms_norm",
     "add_rms_norm_reference",
     "amx_available",
+    "apply_token_bitmask",
+    "apply_token_bitmask_reference",
     "backend",
     "bfloat16_linear_available",
     "bfloat16_linear_kernel",

@@ -68,12 +68,16 @@ def render_chat_template(
     add_generation_prompt: bool,
     bos_token: str | None,
     eos_token: str | None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
-    """The prompt text for `messages`; `template=None` means `DEFAULT_CHAT_TEMPLATE`."""
+    """The prompt text for `messages`; `template=None` means `DEFAULT_CHAT_TEMPLATE`. `tools`
+    (OpenAI's function tools) are handed to a template that renders them itself."""
     validate_messages(messages)
     # A token the model lacks stays undefined, as in transformers, so `is defined` tests still work.
     tokens = {"bos_token": bos_token, "eos_token": eos_token}
-    defined = {name: text for name, text in tokens.items() if text is not None}
+    defined: dict[str, Any] = {name: text for name, text in tokens.items() if text is not None}
+    if tools is not None:
+        defined["tools"] = [dict(tool) for tool in tools]
     compiled = _compile(template if template is not None else DEFAULT_CHAT_TEMPLATE)
     return compiled.render(
         messages=[dict(message) for message in messages],

@@ -172,15 +172,20 @@ class Tokenizer:
         return token_id in self._special_ids
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """The prompt text for a conversation, in this model's format (ChatML if it has none)."""
+        """The prompt text for a conversation, in this model's format (ChatML if it has none);
+        `tools` go to a template that renders them itself."""
         return render_chat_template(
             self.chat_template,
             messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=self._token_text(self.bos_token_id),
             eos_token=self._token_text(self.eos_token_id),
+            tools=tools,
         )
 
     def _token_text(self, token_id: int | None) -> str | None:

@@ -1,9 +1,11 @@
 """POST /v1/chat/completions: the messages rendered with the model's chat template, `n` choices.
 
 A stream opens each choice with a `{"role": "assistant", "content": ""}` delta, as OpenAI does,
-then sends content deltas and a last delta carrying the finish reason. With tools
-(structured/tools.py) a choice's text is held until it is complete, then sent as tool-call
-deltas if it holds calls, with finish reason "tool_calls", or else as content.
+then sends content deltas and a last delta carrying the finish reason. With tools, each choice's
+text goes through a tool-call parser (structured/tool_parser.py) as it grows: content is sent as
+content, and each call as OpenAI streams it, a first delta with its id, type and function name,
+then fragments of its arguments as they are generated; a choice that made calls finishes with
+"tool_calls".
 """
 
 from __future__ import annotations
@@ -27,9 +29,7 @@ from tokenmill.server.protocol import (
     ChatCompletionResponse,
     ChatLogprobs,
     ChatStreamChoice,
-    DeltaFunctionCall,
     DeltaMessage,
-    DeltaToolCall,
     ToolCall,
 )
 from tokenmill.server.serving import (
@@ -52,7 +52,13 @@ from tokenmill.server.serving import (
     submit,
     usage,
 )
-from tokenmill.server.tools import plan_tools, template_messages, tool_calls
+from tokenmill.server.tools import (
+    chat_template_input,
+    plan_tools,
+    tool_call_deltas,
+    tool_reply,
+)
+from tokenmill.structured.tool_parser import ToolCallParser
 from tokenmill.structured.tools import ToolPlan
 
 
@@ -72,11 +78,12 @@ class _Job:
             id=self.id, created=self.created, model=self.ctx.model_name, choices=choices
         )
 
-    def tool_calls(self, out: CompletionOutput) -> list[ToolCall] | None:
-        """The calls a finished choice makes, if the request has tools and it made any."""
+    def reply(self, out: CompletionOutput) -> tuple[str | None, list[ToolCall] | None]:
+        """A finished choice's content and calls (None unless the request has tools and the
+        choice made calls; a choice cut off by max_tokens keeps its text)."""
         if self.tools is None or out.finish_reason != "stop":
-            return None
-        return tool_calls(self.tools, out.text)
+            return out.text, None
+        return tool_reply(self.tools, out.text)
 
     def logprobs_of(self, out: CompletionOutput, start: int) -> ChatLogprobs | None:
         if not self.logprobs or out.logprobs is None:
@@ -101,7 +108,8 @@ async def create_chat_completion(
                 "top_logprobs",
             )
     tools = plan_tools(req)
-    prompt = chat_prompt(ctx.tokenizer, req.messages, template_messages(req.messages, tools))
+    rendered, template_tools = chat_template_input(req.messages, tools, ctx.tokenizer.chat_template)
+    prompt = chat_prompt(ctx.tokenizer, req.messages, rendered, template_tools)
     top = (req.top_logprobs or 0) if req.logprobs else None
     constraint = output_constraint(req)
     if tools is not None and tools.constraint is not None:
@@ -124,12 +132,8 @@ async def create_chat_completion(
         close_all(streams)
     choices = []
     for out in output.outputs:
-        calls = job.tool_calls(out)
-        message = (
-            AssistantMessage(content=out.text)
-            if calls is None
-            else AssistantMessage(content=None, tool_calls=calls)
-        )
+        content, calls = job.reply(out)
+        message = AssistantMessage(content=content, tool_calls=calls)
         finish_reason = out.finish_reason if calls is None else "tool_calls"
         choices.append(
             ChatChoice(
@@ -163,23 +167,25 @@ async def _stream(job: _Job, stream: RequestStream) -> AsyncIterator[str]:
             for i in range(job.n)
         ]
         yield sse(job.chunk(opening), exclude)
+        parsers = None if job.tools is None else [job.tools.parser() for _ in range(job.n)]
         async for output in stream:
             for out in output.outputs:
-                if job.tools is not None:
-                    if out.finish_reason is not None and not sent_tokens[out.index]:
-                        sent_tokens[out.index] = len(out.token_ids)
-                        yield sse(job.chunk(_final_tool_choice(job, out)), exclude)
-                    continue
                 new_text = out.text[sent_chars[out.index] :]
-                if not new_text and out.finish_reason is None:
+                sent_chars[out.index] = len(out.text)
+                if parsers is None:
+                    delta = DeltaMessage(content=new_text) if new_text else DeltaMessage()
+                    finish_reason = out.finish_reason
+                else:
+                    delta, finish_reason = _tool_delta(parsers[out.index], new_text, out)
+                if delta == DeltaMessage() and out.finish_reason is None:
                     continue
                 choice = ChatStreamChoice(
                     index=out.index,
-                    delta=DeltaMessage(content=new_text) if new_text else DeltaMessage(),
+                    delta=delta,
                     logprobs=job.logprobs_of(out, sent_tokens[out.index]),
-                    finish_reason=out.finish_reason,
+                    finish_reason=finish_reason,
                 )
-                sent_chars[out.index], sent_tokens[out.index] = len(out.text), len(out.token_ids)
+                sent_tokens[out.index] = len(out.token_ids)
                 yield sse(job.chunk([choice]), exclude)
             num_tokens = sum(len(out.token_ids) for out in output.outputs)
             last = [output]
@@ -192,32 +198,16 @@ async def _stream(job: _Job, stream: RequestStream) -> AsyncIterator[str]:
     yield SSE_DONE
 
 
-def _final_tool_choice(job: _Job, out: CompletionOutput) -> list[ChatStreamChoice]:
-    """A finished choice of a request with tools, in one delta: its calls, or its text."""
-    calls = job.tool_calls(out)
-    if calls is None:
-        delta = DeltaMessage(content=out.text)
-        finish_reason = out.finish_reason
-    else:
-        delta = DeltaMessage(
-            tool_calls=[
-                DeltaToolCall(
-                    index=i,
-                    id=call.id,
-                    type="function",
-                    function=DeltaFunctionCall(
-                        name=call.function.name, arguments=call.function.arguments
-                    ),
-                )
-                for i, call in enumerate(calls)
-            ]
-        )
+def _tool_delta(
+    parser: ToolCallParser, new_text: str, out: CompletionOutput
+) -> tuple[DeltaMessage, str | None]:
+    """A choice's next delta with tools, and its finish reason once it has one: "tool_calls"
+    when it ended by itself having made calls."""
+    events = parser.feed(new_text)
+    if out.finish_reason is not None:
+        events.extend(parser.finish())
+    delta = DeltaMessage(content=events.content or None, tool_calls=tool_call_deltas(events))
+    finish_reason = out.finish_reason
+    if finish_reason == "stop" and parser.calls:
         finish_reason = "tool_calls"
-    return [
-        ChatStreamChoice(
-            index=out.index,
-            delta=delta,
-            logprobs=job.logprobs_of(out, 0),
-            finish_reason=finish_reason,
-        )
-    ]
+    return delta, finish_reason

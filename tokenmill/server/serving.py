@@ -91,15 +91,17 @@ def chat_prompt(
     tokenizer: Tokenizer,
     messages: list[ChatMessage],
     rendered: list[dict[str, Any]] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> Prompt:
     """The prompt of a conversation; `rendered`: the messages as the template is to see them,
-    when that is not simply each message's own rendering."""
+    when that is not simply each message's own rendering; `tools`: for a template that renders
+    them itself."""
     if not messages:
         raise bad_request("messages must hold at least one message", "messages")
     if rendered is None:
         rendered = [m.as_template_message() for m in messages]
     try:
-        text = tokenizer.apply_chat_template(rendered)
+        text = tokenizer.apply_chat_template(rendered, tools=tools)
     except (ValueError, jinja2.TemplateError) as exc:
         raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from exc
     return Prompt(text, tokenizer.encode(text, add_special_tokens=False))

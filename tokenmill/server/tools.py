@@ -6,8 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 from tokenmill.server.errors import bad_request
-from tokenmill.server.protocol import ChatCompletionRequest, ChatMessage, FunctionCall, ToolCall
+from tokenmill.server.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    DeltaFunctionCall,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
+)
 from tokenmill.structured import tools
+from tokenmill.structured.tool_parser import ToolEvents
 from tokenmill.structured.tools import ToolPlan
 
 
@@ -23,19 +31,44 @@ def plan_tools(req: ChatCompletionRequest) -> ToolPlan | None:
         raise bad_request(str(exc), exc.param) from exc
 
 
-def template_messages(messages: list[ChatMessage], plan: ToolPlan | None) -> list[dict[str, Any]]:
-    """The conversation for the chat template, tools and earlier calls written in."""
-    return tools.template_messages([_openai_message(m) for m in messages], plan)
+def chat_template_input(
+    messages: list[ChatMessage], plan: ToolPlan | None, chat_template: str | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The conversation for the chat template and the tools it renders itself, if it does;
+    otherwise the tools and earlier calls written into the messages."""
+    return tools.chat_template_input([_openai_message(m) for m in messages], plan, chat_template)
 
 
-def tool_calls(plan: ToolPlan, text: str) -> list[ToolCall] | None:
-    """The calls in a finished choice's text, as the response carries them."""
-    calls = plan.parse(text)
-    if calls is None:
-        return None
-    return [
-        ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls
+def tool_reply(plan: ToolPlan, text: str) -> tuple[str | None, list[ToolCall] | None]:
+    """A finished choice's content and calls, as the response carries them."""
+    reply = plan.reply(text)
+    if reply.calls is None:
+        return reply.content, None
+    calls = [
+        ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+        for c in reply.calls
     ]
+    return reply.content, calls
+
+
+def tool_call_deltas(events: ToolEvents) -> list[DeltaToolCall] | None:
+    """A stream's tool-call deltas for what a piece of output added: a call's first delta has
+    its id, type and name (and the arguments so far), later ones fragments of its arguments."""
+    fragments = dict(events.arguments)
+    deltas = [
+        DeltaToolCall(
+            index=call.index,
+            id=call.id,
+            type="function",
+            function=DeltaFunctionCall(name=call.name, arguments=fragments.pop(call.index, "")),
+        )
+        for call in events.started
+    ]
+    deltas += [
+        DeltaToolCall(index=index, function=DeltaFunctionCall(arguments=fragment))
+        for index, fragment in sorted(fragments.items())
+    ]
+    return deltas or None
 
 
 def _openai_message(message: ChatMessage) -> dict[str, Any]:

@@ -12,16 +12,19 @@ in the same convention. Tools and messages come in OpenAI's shapes, as plain dic
 
 from __future__ import annotations
 
+import functools
 import json
-import re
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tokenmill.sampling.structured_outputs import StructuredOutputsParams
+import jinja2
+import jinja2.ext
+from jinja2 import meta
 
-TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+from tokenmill.sampling.structured_outputs import StructuredOutputsParams
+from tokenmill.structured.tool_parser import HERMES, ToolCallParser
+
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 TOOL_CHOICES = ("none", "auto", "required")
 
@@ -43,6 +46,14 @@ class Function:
     name: str
     description: str = ""
     parameters: Mapping[str, Any] | None = None
+
+    def as_openai(self) -> dict[str, Any]:
+        """OpenAI's tool shape, as chat templates that render tools read it."""
+        function = {"name": self.name, "description": self.description}
+        return {
+            "type": "function",
+            "function": {**function, "parameters": dict(self.parameters or EMPTY_PARAMETERS)},
+        }
 
 
 @dataclass(frozen=True)
@@ -88,26 +99,31 @@ class ToolPlan:
             "</tool_call>."
         )
 
+    def parser(self) -> ToolCallParser:
+        """An incremental parser of this plan's output (tool_parser.py), for a stream."""
+        return ToolCallParser(self.mode, self.function_name)
+
     def parse(self, text: str) -> list[ToolCall] | None:
-        """The calls in `text`; None if it holds none (then it is a plain answer)."""
-        if self.mode == "named":
-            assert self.function_name is not None
-            return [_call(self.function_name, _arguments_text(text))]
-        if self.mode == "required":
-            try:
-                calls = [_call(c["name"], json.dumps(c["arguments"])) for c in json.loads(text)]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                return None  # cut off by max_tokens before the list was complete
-            return calls or None
-        found = []
-        for body in TOOL_CALL.findall(text):
-            try:
-                call = json.loads(body)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(call, dict) and isinstance(call.get("name"), str):
-                found.append(_call(call["name"], json.dumps(call.get("arguments", {}))))
-        return found or None
+        """The calls in a finished `text`; None if it holds none (then it is a plain answer).
+        Each call's `arguments` is the model's own text of them, as a stream sends it."""
+        return self.reply(text).calls
+
+    def reply(self, text: str) -> ToolReply:
+        """A finished `text` as a reply: its calls, and the content before them (all of it when
+        it makes no call)."""
+        parser = self.parser()
+        parser.feed(text)
+        parser.finish()
+        calls = [ToolCall(c.id, c.name, c.arguments) for c in parser.calls]
+        if not calls:
+            return ToolReply(text, None)
+        return ToolReply(parser.content().strip() or None, calls)
+
+
+@dataclass(frozen=True)
+class ToolReply:
+    content: str | None
+    calls: list[ToolCall] | None
 
 
 def plan_tools(
@@ -145,6 +161,38 @@ def plan_tools(
         )
     parameters = dict(chosen.parameters or EMPTY_PARAMETERS)
     return ToolPlan("named", functions, StructuredOutputsParams(json=parameters), name)
+
+
+def template_renders_tools(chat_template: str | None) -> bool:
+    """Whether a chat template describes the tools itself (it reads `tools`) and has the model
+    write each call as a `<tool_call>` block of JSON with its name and arguments (Hermes, Qwen
+    2.5 and Qwen 3 templates): the syntax the parser reads. A template with another call syntax
+    (Llama 3's, Mistral's, XML inside `<tool_call>`) is left to the convention."""
+    if not chat_template or "tools" not in _template_variables(chat_template):
+        return False
+    json_calls = '"arguments"' in chat_template and "<function=" not in chat_template
+    return HERMES.start in chat_template and HERMES.end in chat_template and json_calls
+
+
+def chat_template_input(
+    messages: Sequence[Mapping[str, Any]], plan: ToolPlan | None, chat_template: str | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The conversation and the `tools` to render it with: a template that renders tools in a
+    syntax the parser reads (`template_renders_tools`) gets them, and earlier calls as OpenAI
+    messages (arguments parsed, as such templates expect); any other gets no tools and the
+    convention written into its messages (`template_messages`)."""
+    if plan is None or not template_renders_tools(chat_template):
+        return template_messages(messages, plan), None
+    rendered = []
+    for message in messages:
+        copy = {**message, "content": message.get("content") or ""}
+        if message.get("tool_calls"):
+            copy["tool_calls"] = [
+                {**call, "function": {**call["function"], "arguments": _loads(call["function"])}}
+                for call in message["tool_calls"]
+            ]
+        rendered.append(copy)
+    return rendered, [function.as_openai() for function in plan.functions]
 
 
 def template_messages(
@@ -228,18 +276,6 @@ def _calls_schema(functions: tuple[Function, ...]) -> StructuredOutputsParams:
     )
 
 
-def _call(name: str, arguments: str) -> ToolCall:
-    return ToolCall(f"call_{uuid.uuid4().hex[:24]}", name, arguments)
-
-
-def _arguments_text(text: str) -> str:
-    """Arguments as compact JSON when they parse (a cut-off output is passed on as it is)."""
-    try:
-        return json.dumps(json.loads(text))
-    except json.JSONDecodeError:
-        return text
-
-
 def _loads(function: Mapping[str, Any]) -> Any:
     """A sent-back call's arguments: OpenAI's JSON string, parsed (or left as it is)."""
     arguments = function.get("arguments", {})
@@ -249,3 +285,15 @@ def _loads(function: Mapping[str, Any]) -> Any:
         return json.loads(arguments)
     except json.JSONDecodeError:
         return arguments
+
+
+_PARSER = jinja2.Environment(extensions=[jinja2.ext.loopcontrols])
+
+
+@functools.lru_cache(maxsize=16)
+def _template_variables(chat_template: str) -> frozenset[str]:
+    """The variables a template reads from its caller."""
+    try:
+        return frozenset(meta.find_undeclared_variables(_PARSER.parse(chat_template)))
+    except jinja2.TemplateError:
+        return frozenset()

@@ -37,6 +37,14 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
         default=None,
         help="send only the workload's first N requests (a quick check)",
     )
+    serve.add_argument(
+        "--json-schemas",
+        type=int,
+        default=0,
+        metavar="N",
+        help="hold request i to the i mod N-th of N distinct JSON schemas, so grammars compile "
+        "under load (vLLM's structured_outputs field); 0, the default: unconstrained",
+    )
     serve.add_argument("--json", default=None, help="also write the result as JSON here")
     serve.set_defaults(func=run)
 
@@ -53,6 +61,7 @@ def run(ns: argparse.Namespace) -> int:
         max_concurrency=ns.max_concurrency,
         seed=ns.seed,
         goodput=parse_goodput(ns.goodput) if ns.goodput else {},
+        json_schemas=ns.json_schemas,
     )
     requests = load_workload(ns.workload)
     if ns.num_requests is not None:
@@ -62,6 +71,11 @@ def run(ns: argparse.Namespace) -> int:
     result = run_serve(config, requests)
     print(result.table())
     if ns.json:
-        payload = {"benchmark": "serve", "workload": ns.workload, "seed": ns.seed}
+        payload = {
+            "benchmark": "serve",
+            "workload": ns.workload,
+            "seed": ns.seed,
+            "json_schemas": ns.json_schemas,
+        }
         write_json(Path(ns.json), {**payload, **dataclasses.asdict(result)})
     return 0 if result.completed else 1

@@ -77,6 +77,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("row_argmax", &tokenmill::row_argmax,
         "each row's index of its largest value, the first on ties (NaN counts as largest)",
         py::arg("x"), py::call_guard<py::gil_scoped_release>());
+  m.def("apply_token_bitmask", &tokenmill::apply_token_bitmask,
+        "logits[rows] = -inf where the same rows of the int32 token bitmask are clear",
+        py::arg("logits"), py::arg("bitmask"), py::arg("rows"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("int8_linear", &tokenmill::int8_linear,
         "y = x W^T + b, W int8 in panels of 8 rows (ops.pack_int8_panels), n = W's rows",
         py::arg("x"), py::arg("values"), py::arg("scales"), py::arg("n"), py::arg("group_size"),

@@ -34,6 +34,9 @@ void rotary_embedding(const at::Tensor& positions, const at::Tensor& q, const at
 at::Tensor silu_and_mul(const at::Tensor& x);
 at::Tensor gelu_tanh_and_mul(const at::Tensor& x);
 at::Tensor row_argmax(const at::Tensor& x);
+// Logits' rows `rows` get -inf wherever the same row of xgrammar's int32 token bitmask is clear.
+void apply_token_bitmask(const at::Tensor& logits, const at::Tensor& bitmask,
+                         const at::Tensor& rows);
 void store_kv(const at::Tensor& kv_cache, const at::Tensor& slot_mapping, const at::Tensor& k,
               const at::Tensor& v);
 void store_kv_quantized(const at::Tensor& values, const at::Tensor& scales,
