@@ -86,6 +86,7 @@ class Request:
     # previous block's hash and this block's token ids (kv.block_pool.BlockHash).
     block_hashes: list[bytes] = field(default_factory=list)
     spec_token_ids: list[int] = field(default_factory=list)  # drafts proposed after the last step
+    spec_parents: list[int] = field(default_factory=list)  # their tree; empty: a chain
     num_speculative_tokens: int = 0  # how many to draft next; adapts to the acceptance
     parent_request_id: str | None = None  # an n > 1 sibling whose computed prompt KV this forks
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.monotonic()))
