@@ -41,6 +41,11 @@ class SpecDecodeMetrics:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
     @property
+    def accepted_tokens_per_step(self) -> float:
+        """Drafts accepted per verify step (a tree's count its accepted path only)."""
+        return self.num_accepted_tokens / self.num_verify_steps if self.num_verify_steps else 0.0
+
+    @property
     def mean_accepted_length(self) -> float:
         """Tokens emitted per verify step: the accepted drafts plus the target's own token."""
         if not self.num_verify_steps:
