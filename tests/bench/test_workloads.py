@@ -100,3 +100,10 @@ def test_sessions_share_a_system_prompt_and_grow_each_history_turn_by_turn():
     for first, second in zip(first_turns, second_turns, strict=True):
         assert second.prompt_token_ids[: len(first.prompt_token_ids)] == first.prompt_token_ids
         assert len(second.prompt_token_ids) == len(first.prompt_token_ids) + 4 + 5
+
+
+def test_eight_stream_workloads_hold_eight_distinct_prompts_led_by_the_single_stream_one():
+    for name, single_stream in (("chat8", "chat"), ("rewrite8", "rewrite")):
+        requests = load_workload(name)
+        assert len({r.prompt for r in requests}) == 8
+        assert requests[0] == load_workload(single_stream)[0]
