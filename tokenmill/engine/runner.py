@@ -235,6 +235,11 @@ class ModelRunner:
             return
         src, dst = torch.tensor(hidden_src), torch.tensor(hidden_dst)
         hidden.index_copy_(0, dst, hidden.index_select(0, src))
+        self._move_kv(moves)
+
+    def _move_kv(self, moves: list[tuple[ScheduledRequest, int, int]]) -> None:
+        """Copy each (request, from index, to index) position's KV in every target layer,
+        through the request's table of that layer's group."""
         assert self.kv_caches is not None
         num_groups = len(moves[0][0].block_tables)
         slots = []

@@ -36,7 +36,8 @@ class Proposer(Protocol):
 
     def draft_parents(self, request_id: str) -> list[int] | None:
         """The tree of the request's drafts from the last `propose` (tokenmill/draft_tree.py);
-        None for a chain."""
+        None for a chain. Only a drafter without KV of its own drafts trees: the runner moves
+        an accepted path's target KV into place, not a drafter's."""
         ...
 
 
