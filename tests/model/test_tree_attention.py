@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tokenmill.kv.layout import allocate_kv_caches, slot_mapping
-from tokenmill.model.attention import AttentionMetadata
+from tokenmill.model.attention import AttentionMetadata, attention
 
 BLOCK_SIZE = 16
 TABLE = list(range(6))
@@ -57,3 +57,24 @@ def test_attention_over_a_tree_equals_running_each_path_separately(context):
         )
         rows = [0, *(1 + i for i in path)]
         torch.testing.assert_close(tree[rows], chain, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("window", [None, 3], ids=["full", "sliding-window"])
+def test_tree_attention_equals_each_paths_chain_attention_within_a_window(window):
+    heads, kv_heads, head_dim, cached = 4, 2, 16, 10
+    gen = torch.Generator().manual_seed(0)
+    cache = torch.randn(2, len(TABLE), BLOCK_SIZE, kv_heads, head_dim, generator=gen)
+    q = torch.randn(1 + len(PARENTS), heads, head_dim, generator=gen)
+    k, v = (torch.randn(1 + len(PARENTS), kv_heads, head_dim, generator=gen) for _ in range(2))
+
+    def run(rows, draft_trees=None):
+        slots = slot_mapping(TABLE, BLOCK_SIZE, cached, cached + len(rows))
+        meta = AttentionMetadata.build(
+            [len(rows)], [cached + len(rows)], [TABLE], BLOCK_SIZE, slots, draft_trees
+        )
+        return attention(q[rows], k[rows], v[rows], cache.clone(), meta, 0.25, window)
+
+    tree = run(list(range(1 + len(PARENTS))), [PARENTS])
+    for path in ([0, 2, 5], [0, 3], [1, 4]):
+        rows = [0, *(1 + i for i in path)]
+        torch.testing.assert_close(tree[rows], run(rows), atol=1e-5, rtol=1e-5)
