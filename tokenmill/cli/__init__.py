@@ -18,6 +18,7 @@ from tokenmill.cli import (
     router,
     serve,
     train_eagle,
+    train_medusa,
 )
 from tokenmill.cli.engine_args import add_engine_args, engine_args_from
 from tokenmill.loader.errors import ModelLoadError
@@ -34,6 +35,7 @@ COMMANDS = (
     kv_plan,
     quantize,
     train_eagle,
+    train_medusa,
     evaluate,
     export_hf,
     router,
