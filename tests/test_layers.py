@@ -25,6 +25,7 @@ FLOORS: list[list[str]] = [
     ["tokenmill.model"],
     ["tokenmill.kv"],
     ["tokenmill.scheduler_output"],
+    ["tokenmill.draft_tree"],
     ["tokenmill.request"],
     ["tokenmill.sampling"],
     ["tokenmill.kernels"],

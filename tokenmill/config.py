@@ -74,7 +74,7 @@ QUANTIZATION_METHODS = (
     "nf4",
 )
 DECODE_LOOPS = ("native", "python")
-SPECULATIVE_METHODS = ("ngram", "draft", "eagle")
+SPECULATIVE_METHODS = ("ngram", "draft", "eagle", "medusa")
 # How a draft model picks a sampled request's drafts: "argmax" (the baseline) keeps a seeded
 # request's tokens those of plain decoding; "sample" draws from the draft's own distribution,
 # which the target accepts far more often at a temperature.
@@ -167,7 +167,7 @@ class EngineArgs:
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
-    draft_model: str | None = None  # "draft": "self:layers=N" or a model; "eagle": a head file
+    draft_model: str | None = None  # "draft": "self:layers=N" or a model; "eagle"/"medusa": heads
     # Weight quantization of a `draft_model` loaded from a file, as `quantization` for the target:
     # a 4-bit copy of the target drafts at nearly the 4-bit model's speed, and verification keeps
     # the target's own output.
@@ -175,6 +175,7 @@ class EngineArgs:
     draft_sampling: str = "argmax"
     speculative_disable_batch_size: int | None = 4
     speculative_adaptive_k: bool = True
+    speculative_tree: bool = True  # medusa: verify a tree of the heads' candidates, not a chain
 
     @property
     def prepack_batch_hint(self) -> int | None:
@@ -235,8 +236,10 @@ def _positive_seconds(name: str, value: object) -> float:
 
 
 def _check_speculation(args: EngineArgs) -> None:
-    if args.speculative_method not in ("draft", "eagle") and args.draft_model is not None:
-        raise ValueError("draft_model needs speculative_method='draft' (or 'eagle', for a head)")
+    if args.speculative_method not in ("draft", "eagle", "medusa") and args.draft_model is not None:
+        raise ValueError(
+            "draft_model needs speculative_method='draft' (or 'eagle' / 'medusa', for heads)"
+        )
     if args.speculative_method != "draft" and args.draft_quantization != "none":
         raise ValueError("draft_quantization needs speculative_method='draft' and a draft_model")
     _one_of("draft_sampling", args.draft_sampling, DRAFT_SAMPLING)

@@ -41,6 +41,11 @@ class SpecDecodeMetrics:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
     @property
+    def accepted_tokens_per_step(self) -> float:
+        """Drafts accepted per verify step (a tree's count its accepted path only)."""
+        return self.num_accepted_tokens / self.num_verify_steps if self.num_verify_steps else 0.0
+
+    @property
     def mean_accepted_length(self) -> float:
         """Tokens emitted per verify step: the accepted drafts plus the target's own token."""
         if not self.num_verify_steps:
@@ -86,6 +91,7 @@ class Request:
     # previous block's hash and this block's token ids (kv.block_pool.BlockHash).
     block_hashes: list[bytes] = field(default_factory=list)
     spec_token_ids: list[int] = field(default_factory=list)  # drafts proposed after the last step
+    spec_parents: list[int] = field(default_factory=list)  # their tree; empty: a chain
     num_speculative_tokens: int = 0  # how many to draft next; adapts to the acceptance
     parent_request_id: str | None = None  # an n > 1 sibling whose computed prompt KV this forks
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.monotonic()))

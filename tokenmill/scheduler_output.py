@@ -28,6 +28,7 @@ class ScheduledRequest:
     spec_token_ids: tuple[int, ...] = ()  # drafts verified after the request's last token
     num_tokens_to_draft: int = 0  # drafts to propose once this step's new tokens are known
     group_block_ids: tuple[list[int], ...] = ()  # every group's table; () when one group
+    spec_parents: tuple[int, ...] = ()  # the drafts' tree (tokenmill/draft_tree.py); (): chain
 
     @property
     def block_tables(self) -> tuple[list[int], ...]:

@@ -108,3 +108,10 @@ def test_tenants_requests_each_start_with_one_of_the_tenants_system_prompts():
     systems = {tuple(r.prompt_token_ids[:40]) for r in requests}
     assert len(requests) == 30 and len(systems) == 3
     assert all(45 <= len(r.prompt_token_ids) <= 49 for r in requests)
+
+
+def test_eight_stream_workloads_hold_eight_distinct_prompts_led_by_the_single_stream_one():
+    for name, single_stream in (("chat8", "chat"), ("rewrite8", "rewrite")):
+        requests = load_workload(name)
+        assert len({r.prompt for r in requests}) == 8
+        assert requests[0] == load_workload(single_stream)[0]

@@ -79,10 +79,14 @@ def test_the_summary_reports_the_engine_state_of_the_last_step():
     assert summary["spec_decode_draft_tokens"] == 8
     assert summary["spec_decode_accepted_tokens"] == 6
     assert summary["spec_decode_acceptance_rate"] == 0.75
+    assert summary["spec_decode_verify_steps"] == 2
+    assert summary["spec_decode_accepted_tokens_per_step"] == 3.0
+    assert summary["spec_decode_mean_accepted_length"] == 4.0
 
 
 def test_the_summary_rates_are_null_before_anything_was_looked_up_or_drafted():
     summary = EngineMetrics(EngineStats).summary()
     assert summary["prefix_cache_hit_rate"] is None
     assert summary["spec_decode_acceptance_rate"] is None
+    assert summary["spec_decode_mean_accepted_length"] is None
     assert summary["kv_cache_usage"] == 0.0

@@ -7,6 +7,7 @@ from tokenmill.engine.scheduler import Scheduler
 from tokenmill.kv.paged import PagedKVManager
 from tokenmill.request import Request
 from tokenmill.sampling.params import SamplingParams
+from tokenmill.sampling.structured_outputs import StructuredOutputsParams
 from tokenmill.spec.policy import SpeculationPolicy
 
 BLOCK = 4
@@ -107,3 +108,34 @@ def test_speculation_never_preempts_another_request():
     out = scheduler.schedule()
     assert [item.spec_token_ids for item in out.scheduled] == [(), ()]
     assert not out.preempted
+
+
+def test_a_draft_tree_rides_with_its_parents_cut_to_the_budget():
+    scheduler = make_scheduler(policy(k=8), budget=6)
+    request = decoding_request(scheduler)
+    request.spec_token_ids, request.spec_parents = [11, 12, 13, 14, 15, 16], [-1, -1, 0, 0, 2, 4]
+    (item,) = scheduler.schedule().scheduled
+    assert item.spec_token_ids == (11, 12, 13, 14, 15)  # the budget leaves 5 drafts: a prefix
+    assert item.spec_parents == (-1, -1, 0, 0, 2)
+
+
+def test_an_accepted_tree_path_keeps_kv_up_to_its_last_draft():
+    scheduler = make_scheduler(policy(k=8))
+    request = decoding_request(scheduler)  # 7 tokens, 6 computed
+    request.spec_token_ids, request.spec_parents = [11, 12, 13, 14], [-1, -1, 0, 1]
+    out = scheduler.schedule()
+    scheduler.update(out, {"a": [12, 14, 99]})  # the path through drafts 1 and 3, then 99
+    assert request.output_token_ids[-3:] == [12, 14, 99]
+    assert request.num_computed_tokens == 9  # the root and the two accepted drafts
+
+
+def test_a_request_with_a_grammar_verifies_the_trees_first_path():
+    scheduler = make_scheduler(policy(k=8))
+    request = decoding_request(scheduler)
+    request.params = SamplingParams(
+        max_tokens=50, ignore_eos=True, structured_outputs=StructuredOutputsParams(regex="a+")
+    )
+    request.spec_token_ids, request.spec_parents = [11, 12, 13, 14], [-1, -1, 0, 2]
+    (item,) = scheduler.schedule().scheduled
+    assert item.spec_token_ids == (11, 13, 14)
+    assert item.spec_parents == ()

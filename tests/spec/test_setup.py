@@ -212,7 +212,7 @@ def test_speculation_switches_off_above_the_batch_size(runner, prompts):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"speculative_method": "medusa"}, "speculative_method must be one of"),
+        ({"speculative_method": "hydra"}, "speculative_method must be one of"),
         ({"speculative_method": "draft"}, "needs draft_model"),
         ({"draft_model": "self:layers=4"}, "needs speculative_method='draft'"),
         ({"speculative_method": "ngram", "draft_model": "x"}, "needs speculative_method"),

@@ -100,6 +100,41 @@ def chat() -> list[BenchRequest]:
     return [BenchRequest(None, chatml("Explain how a refrigerator keeps food cold."), 128)]
 
 
+CHAT_QUESTIONS = (
+    "Explain how a refrigerator keeps food cold.",
+    "Why is the sky blue?",
+    "How do vaccines train the immune system?",
+    "What makes bread rise?",
+    "How does a bicycle stay upright?",
+    "Why do we have seasons?",
+    "How does a search engine find web pages?",
+    "What causes thunder?",
+)
+REWRITE_INSTRUCTIONS = (
+    "Repeat the following passage exactly, word for word.",
+    "Copy this text exactly as it is written.",
+    "Rewrite the passage below without changing a single word.",
+    "Please reproduce the following paragraph verbatim.",
+    "Type out this passage again, exactly.",
+    "Echo the text below word for word.",
+    "Return the following passage unchanged.",
+    "Write this paragraph out again exactly as given.",
+)
+
+
+def chat8() -> list[BenchRequest]:
+    """Eight streams at once, open-ended: `chat`'s question and seven other everyday ones."""
+    return [BenchRequest(None, chatml(question), 128) for question in CHAT_QUESTIONS]
+
+
+def rewrite8() -> list[BenchRequest]:
+    """Eight streams at once, input-grounded: `rewrite`'s passage under eight instructions."""
+    return [
+        BenchRequest(None, chatml(f"{instruction}\n\n{PASSAGE}"), 100)
+        for instruction in REWRITE_INSTRUCTIONS
+    ]
+
+
 def sessions(
     num_sessions: int = 32,
     turns: int = 4,
@@ -151,6 +186,8 @@ BUILTIN_WORKLOADS = {
     "single": single,
     "rewrite": rewrite,
     "chat": chat,
+    "chat8": chat8,
+    "rewrite8": rewrite8,
     "sessions": sessions,
     "tenants": tenants,
 }

@@ -19,6 +19,7 @@ from tokenmill.cli import (
     router,
     serve,
     train_eagle,
+    train_medusa,
 )
 from tokenmill.cli.engine_args import add_engine_args, engine_args_from
 from tokenmill.loader.errors import ModelLoadError
@@ -36,6 +37,7 @@ COMMANDS = (
     kv_plan,
     quantize,
     train_eagle,
+    train_medusa,
     evaluate,
     export_hf,
     router,

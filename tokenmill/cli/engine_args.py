@@ -144,7 +144,8 @@ def _add_speculative_args(parser: argparse.ArgumentParser, defaults: dict) -> No
     group.add_argument(
         "--draft-model",
         default=None,
-        help="for --speculative-method draft: 'self:layers=N' or a model sharing the vocabulary",
+        help="for --speculative-method draft: 'self:layers=N' or a model sharing the vocabulary; "
+        "for eagle or medusa: a heads file (default: the ones shipped for the model)",
     )
     group.add_argument(
         "--draft-quantization",
@@ -169,6 +170,12 @@ def _add_speculative_args(parser: argparse.ArgumentParser, defaults: dict) -> No
         action=argparse.BooleanOptionalAction,
         default=defaults["speculative_adaptive_k"].default,
         help="each request's K follows its acceptance",
+    )
+    group.add_argument(
+        "--speculative-tree",
+        action=argparse.BooleanOptionalAction,
+        default=defaults["speculative_tree"].default,
+        help="medusa: verify a tree of the heads' top candidates (off: their top-1 chain)",
     )
 
 

@@ -168,7 +168,12 @@ class LLMEngine:
         self.last_step_num_requests = len(scheduled.scheduled)
         result = self.runner.execute(scheduled)
         self.scheduler.update(
-            scheduled, result.sampled, result.proposed, result.verify_time_s, result.draft_time_s
+            scheduled,
+            result.sampled,
+            result.proposed,
+            result.verify_time_s,
+            result.draft_time_s,
+            result.proposed_parents,
         )
         self.output_processor.add_prompt_logprobs(result.prompt_logprobs)
         progressed = [

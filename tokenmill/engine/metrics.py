@@ -123,6 +123,12 @@ class EngineStatsCollector(Collector):
             "Steps that verified drafts (mean accepted length = 1 + accepted / steps)",
             s.spec_verify_steps,
         )
+        steps = s.spec_verify_steps
+        yield GaugeMetricFamily(
+            "tokenmill_spec_decode_mean_accepted_length",
+            "Tokens emitted per verify step since start: accepted drafts plus the target's own",
+            1 + s.spec_accepted_tokens / steps if steps else 0.0,
+        )
 
 
 def _disk_tier_metrics(stats: DiskTierStats) -> Iterator[Metric]:
@@ -278,6 +284,7 @@ def _state(s: EngineStats) -> dict[str, Any]:
     """The gauges and cache / speculation counters of one snapshot; a rate is None while its
     denominator is 0 (no prompt looked up, no draft verified)."""
     queried, drafted = s.prefix_cache_queried_tokens, s.spec_draft_tokens
+    steps = s.spec_verify_steps
     return {
         "num_requests_running": s.num_running,
         "num_requests_waiting": s.num_waiting,
@@ -291,6 +298,10 @@ def _state(s: EngineStats) -> dict[str, Any]:
         "spec_decode_draft_tokens": drafted,
         "spec_decode_accepted_tokens": s.spec_accepted_tokens,
         "spec_decode_acceptance_rate": s.spec_accepted_tokens / drafted if drafted else None,
+        "spec_decode_verify_steps": steps,
+        # Accepted drafts per verify step; the acceptance length adds the target's own token.
+        "spec_decode_accepted_tokens_per_step": s.spec_accepted_tokens / steps if steps else None,
+        "spec_decode_mean_accepted_length": 1 + s.spec_accepted_tokens / steps if steps else None,
     }
 
 

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from tokenmill.draft_tree import depths, is_chain, path_to, tree_parents
 from tokenmill.kv.block_pool import BlockHash, EvictedBlock
 from tokenmill.kv.disk_tier import DiskTier
 from tokenmill.kv.layout import slot_mapping
-from tokenmill.kv.quantized import KVCache, copy_cache_blocks
+from tokenmill.kv.quantized import KVCache, copy_cache_blocks, copy_cache_slots
 from tokenmill.model.attention import AttentionMetadata, GroupedAttentionMetadata, StepMetadata
 from tokenmill.model.decode_loop import NativeDecodeLoop, run_step
 from tokenmill.quant.prepare import prepare_weights
@@ -34,6 +35,7 @@ from tokenmill.sampling.sampler import (
 from tokenmill.scheduler_output import ScheduledRequest, SchedulerOutput
 from tokenmill.spec.proposer import Proposer
 from tokenmill.spec.rejection import DraftsToVerify, RejectionSampler
+from tokenmill.spec.tree import accepted_drafts
 from tokenmill.structured.manager import StructuredOutputManager
 
 PROMPT_LOGPROBS_ROWS = 256
@@ -46,6 +48,7 @@ class RunnerOutput:
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # one per new token
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     proposed: dict[str, list[int]] = field(default_factory=dict)  # drafts for the next step
+    proposed_parents: dict[str, list[int]] = field(default_factory=dict)  # trees among them
     verify_time_s: float = 0.0  # the target's forward pass and sampling
     draft_time_s: float = 0.0  # the proposer
 
@@ -102,7 +105,7 @@ class ModelRunner:
             stop = start + item.num_new_tokens
             input_ids += item.request.all_token_ids[start:stop]
             input_ids += item.spec_token_ids
-            positions += range(start, stop)
+            positions += _positions(item)
         meta = self._attention_metadata(out.scheduled)
         sampling = [s for s in out.scheduled if s.samples]
         if self.structured is not None:
@@ -119,10 +122,12 @@ class ModelRunner:
                 if self.structured is not None:
                     self.structured.apply_masks(logits)
                 self._sample(sampling, logits, output)
+                self._keep_accepted_paths(out.scheduled, output.sampled, hidden)
             output.verify_time_s = time.perf_counter() - start_time
             if self.proposer is not None:
                 start_time = time.perf_counter()
                 output.proposed = self.proposer.propose(out.scheduled, output.sampled, hidden)
+                output.proposed_parents = self._proposed_trees(output.proposed)
                 output.draft_time_s = time.perf_counter() - start_time
         return output
 
@@ -130,6 +135,7 @@ class ModelRunner:
         """The batch's layout: one per KV-cache group, each with its own slots and tables."""
         query_lens = [s.num_new_tokens for s in scheduled]
         seq_lens = [s.num_computed_tokens + s.num_new_tokens for s in scheduled]
+        trees = [s.spec_parents for s in scheduled]
         if self.kv_caches is None:
             return AttentionMetadata.build(query_lens, seq_lens, None, self.block_size, None)
         per_group = []
@@ -140,7 +146,7 @@ class ModelRunner:
                 start = item.num_computed_tokens
                 slots += slot_mapping(table, self.block_size, start, start + item.num_new_tokens)
             per_group.append(
-                AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, slots)
+                AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, slots, trees)
             )
         if len(per_group) == 1:
             return per_group[0]
@@ -188,7 +194,12 @@ class ModelRunner:
     ) -> None:
         """`logits`: k + 1 rows per request, the target's view of its last token and drafts."""
         batch = [
-            DraftsToVerify(item.spec_token_ids, self._verify_rows(item), self._draft_probs(item))
+            DraftsToVerify(
+                item.spec_token_ids,
+                self._verify_rows(item),
+                self._draft_probs(item),
+                item.spec_parents,
+            )
             for item in items
         ]
         row = 0
@@ -197,10 +208,68 @@ class ModelRunner:
             output.sampled[request.request_id] = tokens
             if request.params.logprobs is not None:
                 num_top = [request.params.logprobs] * len(tokens)
-                output.logprobs[request.request_id] = token_logprobs(
-                    logits[row : row + len(tokens)], tokens, num_top
-                )
+                accepted = _accepted(item, tokens)
+                rows = [row, *(row + 1 + i for i in accepted)]
+                output.logprobs[request.request_id] = token_logprobs(logits[rows], tokens, num_top)
             row += 1 + len(item.spec_token_ids)
+
+    def _keep_accepted_paths(
+        self, scheduled: list[ScheduledRequest], sampled: dict[str, list[int]], hidden: torch.Tensor
+    ) -> None:
+        """Move each verified tree's accepted path to where a chain's drafts sit, its KV and
+        its hidden states alike: the scheduler then keeps KV up to the last accepted draft, and
+        the proposer reads the path's features in order, as after a chain."""
+        moves: list[tuple[ScheduledRequest, int, int]] = []  # (request, from index, to index)
+        hidden_src: list[int] = []
+        hidden_dst: list[int] = []
+        base = 0
+        for item in scheduled:
+            tokens = sampled.get(item.request.request_id)
+            if tokens and item.spec_parents and not is_chain(item.spec_parents):
+                root = item.num_computed_tokens + item.num_new_tokens - len(item.spec_token_ids) - 1
+                for depth, draft in enumerate(_accepted(item, tokens), start=1):
+                    if draft + 1 != depth:
+                        moves.append((item, root + 1 + draft, root + depth))
+                        hidden_src.append(base + root + 1 + draft - item.num_computed_tokens)
+                        hidden_dst.append(base + root + depth - item.num_computed_tokens)
+            base += item.num_new_tokens
+        if not moves:
+            return
+        src, dst = torch.tensor(hidden_src), torch.tensor(hidden_dst)
+        hidden.index_copy_(0, dst, hidden.index_select(0, src))
+        self._move_kv(moves)
+
+    def _move_kv(self, moves: list[tuple[ScheduledRequest, int, int]]) -> None:
+        """Copy each (request, from index, to index) position's KV in every target layer,
+        through the request's table of that layer's group."""
+        assert self.kv_caches is not None
+        num_groups = len(moves[0][0].block_tables)
+        slots = []
+        for g in range(num_groups):
+            pairs = [
+                (
+                    _slot(item.block_tables[g], a, self.block_size),
+                    _slot(item.block_tables[g], b, self.block_size),
+                )
+                for item, a, b in moves
+            ]
+            slots.append(tuple(torch.tensor(side) for side in zip(*pairs, strict=True)))
+        done: set[tuple[int, int]] = set()  # (cache, group): a cache shared by layers moves once
+        for layer, cache in enumerate(self.kv_caches):
+            group = self.layer_groups[layer] if self.layer_groups else 0
+            if (id(cache), group) not in done:
+                done.add((id(cache), group))
+                copy_cache_slots(cache, *slots[group])
+
+    def _proposed_trees(self, proposed: dict[str, list[int]]) -> dict[str, list[int]]:
+        """The parents of each proposal that is a tree."""
+        assert self.proposer is not None
+        trees = {}
+        for request_id in proposed:
+            parents = self.proposer.draft_parents(request_id)
+            if parents:
+                trees[request_id] = parents
+        return trees
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: each (src, dst) block's K and V (and a quantized cache's scales), in
@@ -289,5 +358,29 @@ class ModelRunner:
         return self.proposer.draft_probs(item.request.request_id, item.spec_token_ids)
 
     def _verify_rows(self, item: ScheduledRequest) -> list[SamplingRow]:
+        """One row for the root and one after each draft, whose history holds the drafts on
+        its path (for a chain, every draft before it)."""
         drafts = item.spec_token_ids
-        return [self._sampling_row(item, drafts[:i]) for i in range(len(drafts) + 1)]
+        parents = tree_parents(item.spec_parents, len(drafts))
+        paths = [(), *(tuple(drafts[i] for i in path_to(parents, d)) for d in range(len(drafts)))]
+        return [self._sampling_row(item, path) for path in paths]
+
+
+def _positions(item: ScheduledRequest) -> list[int]:
+    """Positions of the request's chunk: in order, except a draft tree's, each at its depth."""
+    start, stop = item.num_computed_tokens, item.num_computed_tokens + item.num_new_tokens
+    if not item.spec_parents:
+        return list(range(start, stop))
+    root = stop - len(item.spec_token_ids) - 1
+    return [*range(start, root + 1), *(root + d for d in depths(item.spec_parents))]
+
+
+def _accepted(item: ScheduledRequest, tokens: list[int]) -> list[int]:
+    """The drafts a verification accepted (a chain's first ones, or a tree's path)."""
+    if not item.spec_parents:
+        return list(range(len(tokens) - 1))
+    return accepted_drafts(item.spec_parents, item.spec_token_ids, tokens)
+
+
+def _slot(block_table: list[int], index: int, block_size: int) -> int:
+    return block_table[index // block_size] * block_size + index % block_size

@@ -38,6 +38,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tokenmill.draft_tree import first_path, is_chain
 from tokenmill.engine.admission import AdmissionPolicy, ContinuousAdmission
 from tokenmill.kv.block_pool import DiskBlock, KVBlock
 from tokenmill.kv.kv_manager import KVCacheManager
@@ -137,10 +138,11 @@ class Scheduler:
         proposed: dict[str, list[int]] | None = None,
         verify_time_s: float = 0.0,
         draft_time_s: float = 0.0,
+        proposed_parents: dict[str, list[int]] | None = None,
     ) -> list[Request]:
         """Record the step's progress and new tokens (several when drafts were accepted), the
-        drafts proposed for the next step and the time speculation took; returns the requests
-        that finished."""
+        drafts proposed for the next step (`proposed_parents`: the trees among them) and the
+        time speculation took; returns the requests that finished."""
         finished = []
         now = time.monotonic()
         self._charge_speculation_time(out, verify_time_s, draft_time_s)
@@ -158,6 +160,7 @@ class Scheduler:
             if item.spec_token_ids:
                 self._record_verification(request, len(item.spec_token_ids), len(tokens) - 1)
             request.spec_token_ids = (proposed or {}).get(request.request_id, [])
+            request.spec_parents = (proposed_parents or {}).get(request.request_id, [])
             if request.metrics.first_token_time is None:
                 request.metrics.first_token_time = now
             if self._append_until_stop(request, tokens):
@@ -300,9 +303,13 @@ class Scheduler:
         room = min(budget - num_new, request.max_model_len - request.num_tokens - 1)
         if request.params.max_tokens is not None:
             room = min(room, request.params.max_tokens - len(request.output_token_ids) - 1)
-        drafts = tuple(request.spec_token_ids[: max(room, 0)])
+        drafts, parents = _draft_tree_for(request)
+        # A prefix of a tree is a tree, no deeper than it is long.
+        drafts, parents = drafts[: max(room, 0)], parents[: max(room, 0)]
         room_after = request.max_model_len - request.num_tokens - len(drafts)
-        return _SpeculationPlan(drafts, max(min(request.num_speculative_tokens, room_after), 0))
+        return _SpeculationPlan(
+            drafts, max(min(request.num_speculative_tokens, room_after), 0), parents
+        )
 
     def _extra_slots(self, plan: _SpeculationPlan) -> int:
         """KV slots a plan needs beyond its chunk: its drafts and the drafter's lookahead.
@@ -394,6 +401,7 @@ class Scheduler:
             plan.drafts,
             plan.num_to_draft,
             tuple(tables) if len(tables) > 1 else (),
+            plan.parents if plan.drafts else (),
         )
 
     def _push_waiting(self, request: Request) -> None:
@@ -401,10 +409,22 @@ class Scheduler:
         heapq.heappush(self._waiting, (request.priority, request.arrival_order, request))
 
 
+def _draft_tree_for(request: Request) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The request's drafts and their tree's parents (() for a chain). A request with a grammar
+    verifies a tree's first path only: its token masks follow one sequence of drafts."""
+    drafts, parents = tuple(request.spec_token_ids), tuple(request.spec_parents)
+    if not parents or is_chain(parents):
+        return drafts, ()
+    if request.params.structured_outputs is not None:
+        return tuple(drafts[i] for i in first_path(parents)), ()
+    return drafts, parents
+
+
 @dataclass(frozen=True)
 class _SpeculationPlan:
     drafts: tuple[int, ...]
     num_to_draft: int
+    parents: tuple[int, ...] = ()  # the drafts' tree; (): a chain
 
 
 _NO_SPECULATION = _SpeculationPlan((), 0)

@@ -45,6 +45,19 @@ def prefill_attention_reference(
     return out.squeeze(0).transpose(0, 1)
 
 
+def masked_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Attention under an explicit mask: q [n, H, d], k and v [S, kv_heads, d], `allowed`
+    [n, S] bool (a draft tree's queries, which see their ancestors rather than every earlier
+    key). torch's SDPA, in float32 like the decode kernel; GQA by head groups."""
+    qh, kh, vh = (t.float().transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(
+        qh, kh, vh, attn_mask=allowed, scale=scale, enable_gqa=True
+    )
+    return out.squeeze(0).transpose(0, 1).to(q.dtype)
+
+
 def _prefill_attention_fits(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -17,6 +17,7 @@ from types import ModuleType
 
 from tokenmill.kernels import extension
 from tokenmill.kernels.attention import (
+    masked_attention,
     paged_decode_attention,
     paged_decode_attention_reference,
     prefill_attention,
@@ -191,6 +192,7 @@ __all__ = [
     "linear",
     "linear_kernel_max_rows",
     "linear_reference",
+    "masked_attention",
     "nf4_linear",
     "nf4_linear_kernel",
     "nf4_linear_reference",

@@ -67,6 +67,18 @@ class QuantizedKVCache:
 KVCache = torch.Tensor | QuantizedKVCache
 
 
+def copy_cache_slots(cache: KVCache, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy single token slots `src` onto `dst` (flat slot ids, int64 [n]) in one layer's cache
+    of either kind; the sources are read before any destination is written."""
+    if isinstance(cache, QuantizedKVCache):
+        tensors = [cache.values.view(torch.uint8), cache.scales]
+    else:
+        tensors = [cache]
+    for tensor in tensors:
+        flat = tensor.view(2, -1, *tensor.shape[3:])  # [2, num_blocks * block_size, ...]
+        flat.index_copy_(1, dst, flat.index_select(1, src))
+
+
 def allocate_kv_cache(
     kv_cache_dtype: str,
     num_blocks: int,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenmill.draft_tree import depths, is_chain
 from tokenmill.kernels import ops
 from tokenmill.kv.quantized import KVCache, QuantizedKVCache
 
@@ -29,6 +30,10 @@ class PrefillSegment:
     query_end: int
     seq_len: int
     block_table: torch.Tensor | None  # [blocks_needed]; None when the context is just the query
+    # A draft tree's chunk (tokenmill/spec/tree.py): which keys each query sees, and every
+    # key's position (drafts sit at their depth, not their slot). None: causal.
+    tree_mask: torch.Tensor | None = None  # [query_len, seq_len] bool
+    key_positions: torch.Tensor | None = None  # [seq_len]
 
     @property
     def query_len(self) -> int:
@@ -68,8 +73,11 @@ class AttentionMetadata:
         block_tables: Sequence[Sequence[int]] | None,
         block_size: int,
         slot_mapping: Sequence[int] | None,
+        draft_trees: Sequence[Sequence[int]] | None = None,
     ) -> AttentionMetadata:
-        """`seq_lens[i]` counts sequence i's tokens in context once this step's are added."""
+        """`seq_lens[i]` counts sequence i's tokens in context once this step's are added.
+        `draft_trees[i]`: the parents of the draft tree ending sequence i's query, () for none
+        or a chain (both causal)."""
         starts = [0]
         for n in query_lens:
             starts.append(starts[-1] + n)
@@ -77,6 +85,15 @@ class AttentionMetadata:
         decode_rows: list[tuple[int, int, int]] = []  # (token, its context length, sequence)
         for i, (q_len, s_len) in enumerate(zip(query_lens, seq_lens, strict=True)):
             cached = s_len - q_len
+            parents = draft_trees[i] if draft_trees else ()
+            if parents and not is_chain(parents):
+                assert block_tables is not None, "a draft tree is verified over a KV cache"
+                table = torch.tensor(block_tables[i][: -(-s_len // block_size)], dtype=torch.long)
+                mask, key_positions = _tree_layout(parents, q_len, s_len)
+                prefills.append(
+                    PrefillSegment(starts[i], starts[i + 1], s_len, table, mask, key_positions)
+                )
+                continue
             short_over_cache = cached > 0 and q_len <= MAX_DECODE_QUERY
             if block_tables is not None and (q_len == 1 or short_over_cache):
                 decode_rows += [(starts[i] + j, cached + j + 1, i) for j in range(q_len)]
@@ -130,6 +147,25 @@ class GroupedAttentionMetadata:
 StepMetadata = AttentionMetadata | GroupedAttentionMetadata
 
 
+def _tree_layout(
+    parents: Sequence[int], query_len: int, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A query ending in a draft tree: causal up to the tree's root, then each draft sees its
+    ancestors (and itself). Returns (mask [query_len, seq_len], key positions [seq_len])."""
+    n = len(parents)
+    mask = torch.ones(query_len, seq_len, dtype=torch.bool).tril(diagonal=seq_len - query_len)
+    drafts = mask[-n:, -n:]
+    drafts.fill_(False)
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            drafts[i] = drafts[parent]
+        drafts[i, i] = True
+    key_positions = torch.arange(seq_len)
+    root = seq_len - n - 1
+    key_positions[-n:] = root + torch.tensor(depths(parents))
+    return mask, key_positions
+
+
 def _decode_group(
     rows: list[tuple[int, int, int]],
     block_tables: Sequence[Sequence[int]],
@@ -176,13 +212,33 @@ def attention(
             assert kv_cache is not None
             context = gather_context(kv_cache, seg.block_table, seg.seq_len)
             seg_k, seg_v = (t.to(q.dtype) for t in context)
-        out[rows] = ops.prefill_attention(q[rows], seg_k, seg_v, scale, window)
+        if seg.tree_mask is None:
+            out[rows] = ops.prefill_attention(q[rows], seg_k, seg_v, scale, window)
+        else:
+            out[rows] = _tree_attention(q[rows], seg_k, seg_v, seg, scale, window)
     if group is not None:
         assert kv_cache is not None
         out[group.token_index] = _decode_attention(
             q[group.token_index], kv_cache, group, scale, window
         )
     return out
+
+
+def _tree_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seg: PrefillSegment,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
+    """A draft tree's chunk: its mask, narrowed by a sliding `window` over positions."""
+    assert seg.tree_mask is not None and seg.key_positions is not None
+    allowed = seg.tree_mask
+    if window is not None:
+        query_positions = seg.key_positions[-seg.query_len :]
+        allowed = allowed & (query_positions[:, None] - seg.key_positions[None, :] < window)
+    return ops.masked_attention(q, k, v, allowed, scale)
 
 
 def _decode_attention(

@@ -172,6 +172,10 @@ class DraftModelProposer:
                 ]
         return {request_id: last.token_ids for request_id, last in self._last.items()}
 
+    def draft_parents(self, request_id: str) -> None:
+        """A draft model drafts chains."""
+        return None
+
     def draft_probs(self, request_id: str, draft_token_ids: Sequence[int]) -> torch.Tensor | None:
         """The distributions of the request's drawn drafts; None for argmax drafts, or when the
         drafts are not a prefix of what the last step proposed (then the rejection sampler

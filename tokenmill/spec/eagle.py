@@ -198,6 +198,10 @@ class EagleProposer:
         """The head's drafts are argmaxes."""
         return None
 
+    def draft_parents(self, request_id: str) -> None:
+        """Its drafts are chains."""
+        return None
+
     def _forward(
         self, chunks: Sequence[_Chunk], features: torch.Tensor
     ) -> tuple[torch.Tensor, list[int]]:

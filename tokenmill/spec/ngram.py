@@ -57,3 +57,7 @@ class NgramProposer:
     def draft_probs(self, request_id: str, draft_token_ids: Sequence[int]) -> None:
         """Lookup drafts are deterministic."""
         return None
+
+    def draft_parents(self, request_id: str) -> None:
+        """Its drafts are chains."""
+        return None

@@ -34,6 +34,12 @@ class Proposer(Protocol):
         deterministically, which the rejection sampler treats as one-hot."""
         ...
 
+    def draft_parents(self, request_id: str) -> list[int] | None:
+        """The tree of the request's drafts from the last `propose` (tokenmill/draft_tree.py);
+        None for a chain. Only a drafter without KV of its own drafts trees: the runner moves
+        an accepted path's target KV into place, not a drafter's."""
+        ...
+
 
 def num_computed_after(item: ScheduledRequest, gained: Sequence[int]) -> int:
     """The request's positions with valid target KV once the step is done: up to, not

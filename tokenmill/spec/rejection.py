@@ -21,8 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenmill.draft_tree import is_chain
 from tokenmill.kernels import ops
 from tokenmill.sampling.sampler import SamplingRow, adjust_logits, sampling_probs
+from tokenmill.spec.tree import verify_tree
 
 
 @dataclass
@@ -34,6 +36,7 @@ class DraftsToVerify:
     draft_token_ids: Sequence[int]
     rows: Sequence[SamplingRow]
     draft_probs: torch.Tensor | None = None  # what drawn drafts came from; None: one-hot
+    parents: Sequence[int] = ()  # a draft tree's shape (tokenmill/spec/tree.py); (): a chain
 
 
 class RejectionSampler:
@@ -54,17 +57,34 @@ class RejectionSampler:
             stop = start + len(item.rows)
             first = item.rows[0]
             if first.params.greedy:
-                emitted.append(verify_greedy(argmax[start:stop], item.draft_token_ids))
+                item_argmax = argmax[start:stop]
+                if is_chain(item.parents):
+                    emitted.append(verify_greedy(item_argmax, item.draft_token_ids))
+                else:
+                    pick = item_argmax.__getitem__
+                    emitted.append(verify_tree(item.parents, item.draft_token_ids, pick)[0])
             else:
                 item_probs = probs[random_start : random_start + len(item.rows)]
                 random_start += len(item.rows)
-                emitted.append(
-                    verify_sampled(
-                        item_probs, item.draft_token_ids, item.draft_probs, first.generator
-                    )
-                )
+                emitted.append(verify_sampled_item(item, item_probs, first.generator))
             start = stop
         return emitted
+
+
+def verify_sampled_item(
+    item: DraftsToVerify, target_probs: torch.Tensor, generator: torch.Generator | None
+) -> list[int]:
+    """A sampled request's chain (`verify_sampled`) or tree of one-hot drafts (`verify_tree`
+    with one draw from p at each node it reaches)."""
+    if is_chain(item.parents):
+        return verify_sampled(target_probs, item.draft_token_ids, item.draft_probs, generator)
+    if item.draft_probs is not None:
+        raise ValueError("a draft tree is verified only with one-hot drafts")
+
+    def pick(row: int) -> int:
+        return _draw(target_probs[row], generator)
+
+    return verify_tree(item.parents, item.draft_token_ids, pick)[0]
 
 
 def verify_greedy(target_token_ids: Sequence[int], draft_token_ids: Sequence[int]) -> list[int]:

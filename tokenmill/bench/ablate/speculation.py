@@ -12,17 +12,27 @@ from tokenmill.bench.plots import bar_plot
 from tokenmill.bench.throughput import ThroughputResult
 from tokenmill.bench.workloads import BenchRequest, load_workload, random_requests
 
+MEDUSA_TREE_SIZE = 8
+"""Drafts in a Medusa tree: each costs a row of the verify pass."""
+
 
 def speculative(ctx: AblateContext) -> Experiment:
     """One stream is bound by reading the weights, so verifying K drafts in one pass costs about
     one token's step and every accepted draft saves a step. Prompt lookup (`ngram`) where the
     output repeats the input; on an open question, the shipped EAGLE head and the target's own
-    checkpoint quantized to int4 as a draft model."""
+    checkpoint quantized to int4 as a draft model, and the shipped Medusa heads' tree."""
     sizes = ctx.sizes
     int4_copy = {"draft_model": ctx.base.model, "draft_quantization": "int4"}
     cases = (
         ("ngram", "rewrite", "copy a passage", sizes.spec_rewrite_tokens, {}),
         ("eagle", "chat", "an open question", sizes.spec_chat_tokens, {}),
+        (
+            "medusa",
+            "chat",
+            "an open question, a tree of the Medusa heads' candidates",
+            sizes.spec_chat_tokens,
+            {"num_speculative_tokens": MEDUSA_TREE_SIZE},
+        ),
         (
             "draft",
             "chat",

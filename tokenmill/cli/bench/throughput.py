@@ -15,7 +15,8 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     throughput.add_argument(
         "--workload",
         default="batch64",
-        help="batch64, single, rewrite, chat, sessions, or a JSONL file of requests",
+        help="batch64, single, rewrite, chat, rewrite8, chat8, sessions, or a JSONL file of "
+        "requests",
     )
     throughput.add_argument("--json", default=None, help="also write the result as JSON here")
     throughput.add_argument(

@@ -1,0 +1,152 @@
+"""`tokenmill train-medusa`: fit Medusa heads to the target's own greedy answers, on the CPU.
+
+1. The target answers chat prompts (the topic x template set of tokenmill/train/eagle.py, which
+   ships with tokenmill) greedily, all in one batch through the engine: self-distillation,
+   the heads learn what the target itself will say.
+2. One forward pass per conversation gives the target's final hidden state at every position.
+3. Head k (from 0) learns, from the hidden state at position p, the target's own distribution
+   of the token at p + 2 + k (its logits at p + 1 + k) over the draft vocabulary: a soft
+   cross-entropy through the target's frozen output rows, as Medusa-2's self-distillation.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tokenmill.engine.engine import LLMEngine
+from tokenmill.sampling.params import SamplingParams
+from tokenmill.spec.eagle import output_rows
+from tokenmill.spec.medusa import MedusaHeads, save_medusa_heads
+from tokenmill.train.eagle import draft_vocabulary, target_features, training_prompts
+
+
+@dataclass
+class MedusaTrainingConfig:
+    num_prompts: int = 256
+    max_tokens: int = 128
+    num_heads: int = 3
+    draft_vocab_size: int = 8192
+    epochs: int = 4
+    learning_rate: float = 1e-3
+    positions_per_step: int = 2048
+    seed: int = 0
+
+
+@dataclass
+class MedusaTrainingReport:
+    num_sequences: int
+    num_tokens: int
+    generate_s: float
+    train_s: float
+    held_out_accuracy: list[float]  # per head: top-1 equals the target's own token
+
+
+def generate_greedy_corpus(engine: LLMEngine, config: MedusaTrainingConfig) -> list[list[int]]:
+    """Prompt and greedy answer token ids of every conversation, generated as one batch."""
+    tokenizer = engine.tokenizer
+    params = SamplingParams(temperature=0.0, max_tokens=config.max_tokens)
+    for index, prompt in enumerate(training_prompts(config.num_prompts, config.seed)):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], True)
+        engine.add_request(
+            f"medusa-{index}", tokenizer.encode(text, add_special_tokens=False), params
+        )
+    corpus: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                corpus[output.request_id] = [*output.prompt_token_ids, *output.outputs[0].token_ids]
+    return [corpus[key] for key in sorted(corpus, key=lambda k: int(k.split("-")[1]))]
+
+
+def head_examples(
+    features: list[torch.Tensor], num_heads: int
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Inputs (hidden state at p) and, per head k, the target's hidden state at p + 1 + k whose
+    logits are that head's soft label: positions with every head's label inside the sequence."""
+    inputs, labels = [], [[] for _ in range(num_heads)]
+    for feats in features:
+        usable = len(feats) - 1 - num_heads
+        if usable <= 0:
+            continue
+        inputs.append(feats[:usable])
+        for k in range(num_heads):
+            labels[k].append(feats[1 + k : 1 + k + usable])
+    return torch.cat(inputs), [torch.cat(label) for label in labels]
+
+
+def train_medusa(
+    engine: LLMEngine, out: Path, config: MedusaTrainingConfig
+) -> MedusaTrainingReport:
+    torch.manual_seed(config.seed)
+    target = engine.loaded.model
+    started = time.perf_counter()
+    corpus = generate_greedy_corpus(engine, config)
+    generate_s = time.perf_counter() - started
+    features = [target_features(target, sequence) for sequence in corpus]
+    vocab = draft_vocabulary(corpus, config.draft_vocab_size, set(engine.tokenizer.stop_token_ids))
+    rows = output_rows(target, vocab).float()
+    heads = MedusaHeads(engine.loaded.config.hidden_size, config.num_heads, len(vocab))
+    heads.draft_vocab.copy_(vocab)
+
+    held_out = max(1, len(corpus) // 16)
+    train_inputs, train_labels = head_examples(features[held_out:], config.num_heads)
+    test_inputs, test_labels = head_examples(features[:held_out], config.num_heads)
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=config.learning_rate, weight_decay=0.0)
+    steps_per_epoch = -(-len(train_inputs) // config.positions_per_step)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, config.learning_rate, total_steps=config.epochs * steps_per_epoch, pct_start=0.1
+    )
+    rng = random.Random(config.seed)
+    train_started = time.perf_counter()
+    heads.train()
+    for _ in range(config.epochs):
+        order = list(range(len(train_inputs)))
+        rng.shuffle(order)
+        for start in range(0, len(order), config.positions_per_step):
+            batch = torch.tensor(order[start : start + config.positions_per_step])
+            optimizer.zero_grad()
+            loss = _soft_cross_entropy(
+                heads, train_inputs[batch], [t[batch] for t in train_labels], rows
+            )
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+    heads.eval()
+    train_s = time.perf_counter() - train_started
+    save_medusa_heads(heads, out, str(engine.args.model))
+    return MedusaTrainingReport(
+        num_sequences=len(corpus),
+        num_tokens=sum(len(s) for s in corpus),
+        generate_s=generate_s,
+        train_s=train_s,
+        held_out_accuracy=_held_out_accuracy(heads, test_inputs, test_labels, rows),
+    )
+
+
+def _soft_cross_entropy(
+    heads: MedusaHeads, inputs: torch.Tensor, labels: list[torch.Tensor], rows: torch.Tensor
+) -> torch.Tensor:
+    """Mean over heads of the cross-entropy to the target's distribution at each label."""
+    predicted = heads(inputs) @ rows.T  # [num_heads, batch, draft_vocab]
+    loss = predicted.new_zeros(())
+    for k, label in enumerate(labels):
+        with torch.no_grad():
+            target_probs = (label @ rows.T).softmax(dim=-1)
+        loss = loss - (target_probs * predicted[k].log_softmax(dim=-1)).sum(dim=-1).mean()
+    return loss / len(labels)
+
+
+def _held_out_accuracy(
+    heads: MedusaHeads, inputs: torch.Tensor, labels: list[torch.Tensor], rows: torch.Tensor
+) -> list[float]:
+    with torch.no_grad():
+        predicted = (heads(inputs) @ rows.T).argmax(dim=-1)
+        return [
+            float((predicted[k] == (label @ rows.T).argmax(dim=-1)).float().mean())
+            for k, label in enumerate(labels)
+        ]
