@@ -63,12 +63,7 @@ class LLMEngine:
             + draft_bytes_per_token * args.block_size
         )
         self.num_blocks = int(args.kv_cache_memory) // self.kv_block_bytes
-        if self.kv_groups.trims and args.kv_offload_dir is not None:
-            raise ValueError(
-                "kv_offload_dir: the disk tier holds single-table KV; with a sliding-window"
-                " model pass kv_window_trimming=False (--no-kv-window-trimming)"
-            )
-        self.disk_tier = open_disk_tier(args, self.loaded, self.kv_bytes_per_token)
+        self.disk_tier = open_disk_tier(args, self.loaded, self.kv_groups, self.kv_block_bytes)
         self.kv_manager = make_kv_manager(
             args.kv_cache,
             self.num_blocks,
