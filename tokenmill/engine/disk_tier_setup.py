@@ -41,4 +41,5 @@ def open_disk_tier(
         args.block_size,
         block_bytes,
         cache_ttl_s=args.prefix_cache_ttl,
+        max_retained_fraction=args.max_retained_kv_fraction,
     )
