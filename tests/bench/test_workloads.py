@@ -10,6 +10,7 @@ from tokenmill.bench.workloads import (
     RequestShape,
     batch64,
     load_workload,
+    long_prompts,
     mixed_requests,
     random_requests,
     sessions,
@@ -100,3 +101,10 @@ def test_sessions_share_a_system_prompt_and_grow_each_history_turn_by_turn():
     for first, second in zip(first_turns, second_turns, strict=True):
         assert second.prompt_token_ids[: len(first.prompt_token_ids)] == first.prompt_token_ids
         assert len(second.prompt_token_ids) == len(first.prompt_token_ids) + 4 + 5
+
+
+def test_long8_is_eight_distinct_3000_token_prompts():
+    requests = long_prompts()
+    assert load_workload("long8") == requests
+    assert [len(r.prompt_token_ids or []) for r in requests] == [3000] * 8
+    assert len({tuple(r.prompt_token_ids or []) for r in requests}) == 8

@@ -125,12 +125,24 @@ def sessions(
     return requests
 
 
+def long_prompts(
+    count: int = 8, prompt_tokens: int = 3000, max_tokens: int = 64
+) -> list[BenchRequest]:
+    """A batch of long random-token prompts: where a sliding-window model's trimmed KV lets
+    more requests run at once (compare `--no-kv-window-trimming`)."""
+    rng = random.Random(11)
+    return [
+        BenchRequest(random_token_ids(rng, prompt_tokens), None, max_tokens) for _ in range(count)
+    ]
+
+
 BUILTIN_WORKLOADS = {
     "batch64": batch64,
     "single": single,
     "rewrite": rewrite,
     "chat": chat,
     "sessions": sessions,
+    "long8": long_prompts,
 }
 
 

@@ -15,7 +15,7 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--workload",
         default="batch64",
-        help="batch64, single, rewrite, chat, sessions, or a JSONL file of requests",
+        help="batch64, single, rewrite, chat, sessions, long8, or a JSONL file of requests",
     )
     serve.add_argument(
         "--model",

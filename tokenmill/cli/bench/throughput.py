@@ -15,7 +15,7 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     throughput.add_argument(
         "--workload",
         default="batch64",
-        help="batch64, single, rewrite, chat, sessions, or a JSONL file of requests",
+        help="batch64, single, rewrite, chat, sessions, long8, or a JSONL file of requests",
     )
     throughput.add_argument("--json", default=None, help="also write the result as JSON here")
     throughput.add_argument(
