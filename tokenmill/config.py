@@ -15,6 +15,9 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 
+SLIDING_ATTENTION = "sliding_attention"  # a `layer_types` entry: the layer has the window
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Hyperparameters under Hugging Face's names, whatever file format they came from."""
@@ -35,6 +38,7 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
     # Gemma 3: "sliding_attention" layers see the last `sliding_window` tokens and rotate with
     # `rope_local_base_freq`; "full_attention" layers see everything and use `rope_theta`.
+    # Mistral-style: `sliding_window` without `layer_types` applies to every layer.
     layer_types: tuple[str, ...] | None = None
     sliding_window: int | None = None
     rope_local_base_freq: float | None = None
@@ -46,6 +50,21 @@ class ModelConfig:
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be at least 1, got {self.sliding_window}")
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's sliding window (None: full attention), as both the model's attention
+        and the KV cache's trimming apply it."""
+        if self.layer_types is None:
+            return (self.sliding_window,) * self.num_hidden_layers
+        return tuple(
+            self.sliding_window
+            if i < len(self.layer_types) and self.layer_types[i] == SLIDING_ATTENTION
+            else None
+            for i in range(self.num_hidden_layers)
+        )
 
 
 def parse_dtype(name: str) -> torch.dtype:

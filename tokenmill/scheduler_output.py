@@ -17,6 +17,7 @@ class EvictedBlock:
     block_hash: bytes
     token_ids: tuple[int, ...]
     last_used: float  # clock time its last holder let it go
+    retained_until: float | None = None  # a request asked for it to be kept until then
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from tokenmill.bench.workloads import (
     RequestShape,
     batch64,
     load_workload,
+    long_prompts,
     mixed_requests,
     random_requests,
     sessions,
@@ -115,3 +116,10 @@ def test_eight_stream_workloads_hold_eight_distinct_prompts_led_by_the_single_st
         requests = load_workload(name)
         assert len({r.prompt for r in requests}) == 8
         assert requests[0] == load_workload(single_stream)[0]
+
+
+def test_long8_is_eight_distinct_3000_token_prompts():
+    requests = long_prompts()
+    assert load_workload("long8") == requests
+    assert [len(r.prompt_token_ids or []) for r in requests] == [3000] * 8
+    assert len({tuple(r.prompt_token_ids or []) for r in requests}) == 8

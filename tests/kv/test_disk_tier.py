@@ -122,6 +122,69 @@ def test_lru_keeps_the_tier_within_its_byte_budget(tmp_path):
     tier.close()
 
 
+def saved(block_id: int, token: int, last_used: float, retained_until: float | None = None):
+    tokens = tuple(range(token, token + BLOCK))
+    return EvictedBlock(block_id, hash_block(None, tokens), tokens, last_used, retained_until)
+
+
+def test_a_retained_block_outlives_lru_in_the_tier_until_its_time(tmp_path):
+    caches = tiny_caches()
+    now = [5000.0]
+    one_file = open_tier(tmp_path / "probe", caches).file_bytes
+    tier = open_tier(tmp_path / "tier", caches, budget=2 * one_file, clock=lambda: now[0])
+    kept = saved(0, 0, last_used=4000.0, retained_until=5100.0)  # the least recently used
+    tier.save(caches, [kept, saved(1, 10, last_used=4500.0)])
+    tier.save(caches, [saved(2, 20, last_used=4600.0)])
+    assert kept.block_hash in tier and tier.stats.evictions == 1
+    now[0] = 5101.0
+    tier.save(caches, [saved(3, 30, last_used=5101.0)])
+    assert kept.block_hash not in tier  # its retention ended: plain LRU again
+    tier.close()
+
+
+def test_at_most_the_retained_fraction_of_the_budget_is_retained(tmp_path):
+    caches = tiny_caches()
+    one_file = open_tier(tmp_path / "probe", caches).file_bytes
+    tier = open_tier(tmp_path / "tier", caches, budget=2 * one_file, clock=lambda: 5000.0)
+    first = saved(0, 0, last_used=4000.0, retained_until=6000.0)
+    second = saved(1, 10, last_used=4100.0, retained_until=6000.0)  # over the half: plain
+    tier.save(caches, [first, second])
+    tier.save(caches, [saved(2, 20, last_used=4200.0)])
+    assert first.block_hash in tier and second.block_hash not in tier
+    tier.close()
+
+
+def test_the_ttl_spares_a_retained_disk_block_until_its_retention_ends(tmp_path):
+    caches = tiny_caches()
+    now = [5000.0]
+    tier = open_tier(tmp_path, caches, cache_ttl_s=60, clock=lambda: now[0])
+    kept = saved(0, 0, last_used=4900.0, retained_until=5300.0)
+    plain = saved(1, 10, last_used=4900.0)
+    tier.save(caches, [kept, plain])
+    tier.expire()
+    assert kept.block_hash in tier and plain.block_hash not in tier
+    now[0] = 5300.0
+    tier.expire()
+    assert kept.block_hash not in tier
+    tier.close()
+
+
+def test_a_block_the_pool_evicts_while_retained_reaches_the_tier_with_its_retention(tmp_path):
+    now = [5000.0]
+    caches = tiny_caches(num_blocks=2)
+    tier = open_tier(tmp_path, caches, clock=lambda: now[0])
+    kv = PagedKVManager(2, BLOCK, max_retained_fraction=1.0, clock=lambda: now[0], disk_tier=tier)
+    retained = Request("a", list(range(9)), SamplingParams(max_tokens=1, cache_ttl=300))
+    assert kv.allocate_slots(retained, 8)
+    kv.take_tier_transfers()  # the step that computes its blocks
+    kv.free(retained)
+    other = Request("b", list(range(100, 108)), SamplingParams(max_tokens=1))
+    assert kv.allocate_slots(other, 8)  # only retained blocks are free: they yield
+    saves, _ = kv.take_tier_transfers()
+    assert [block.retained_until for block in saves] == [5300.0, 5300.0]
+    tier.close()
+
+
 def test_ttl_drops_disk_blocks_unused_for_longer(tmp_path):
     caches = tiny_caches()
     now = [5000.0]

@@ -52,3 +52,12 @@ def test_every_layer_sliding_makes_one_trimmed_group():
     groups = kv_groups(all_sliding)
     assert groups.windows == (512,)
     assert groups.trims
+
+
+def test_a_window_without_layer_types_holds_for_every_layer():
+    mistral_like = dataclasses.replace(
+        GEMMA_LIKE, architecture="MistralForCausalLM", layer_types=None, sliding_window=64
+    )
+    assert mistral_like.layer_windows == (64,) * 18
+    groups = kv_groups(mistral_like)
+    assert groups.windows == (64,) and groups.num_slots == 18 and groups.trims

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from tokenmill.config import EngineArgs
 from tokenmill.loader.errors import ModelLoadError
 from tokenmill.loader.export import export_hf
-from tokenmill.loader.hf_dir import SHARD_INDEX
+from tokenmill.loader.hf_dir import SHARD_INDEX, hf_model_config
 from tokenmill.loader.model_loader import load_model
 from tokenmill.model.attention import AttentionMetadata
 from tokenmill.model.layers import prepack_linears
@@ -96,3 +96,33 @@ def test_missing_tensor_is_named(hf_dir, tmp_path):
         (tmp_path / name).write_bytes((hf_dir / name).read_bytes())
     with pytest.raises(ValueError, match="layers.3.mlp.gate_up_proj"):
         load_model(str(tmp_path))
+
+
+LLAMA_CONFIG = {
+    "architectures": ["MistralForCausalLM"],
+    "model_type": "mistral",
+    "vocab_size": 1000,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+
+
+@pytest.mark.parametrize(
+    ("fields", "windows"),
+    [
+        ({"sliding_window": 64}, (64, 64, 64, 64)),
+        ({"sliding_window": None}, (None,) * 4),
+        ({"sliding_window": 64, "use_sliding_window": False, "max_window_layers": 2}, (None,) * 4),
+        (
+            {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 2},
+            (None, None, 64, 64),
+        ),
+    ],
+    ids=["mistral", "mistral-without", "qwen2-off", "qwen2-on"],
+)
+def test_a_llama_family_config_gives_its_layers_their_sliding_window(tmp_path, fields, windows):
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA_CONFIG, **fields}))
+    assert hf_model_config(tmp_path).layer_windows == windows

@@ -181,6 +181,17 @@ def tenants(
     return requests
 
 
+def long_prompts(
+    count: int = 8, prompt_tokens: int = 3000, max_tokens: int = 64
+) -> list[BenchRequest]:
+    """A batch of long random-token prompts: where a sliding-window model's trimmed KV lets
+    more requests run at once (compare `--no-kv-window-trimming`)."""
+    rng = random.Random(11)
+    return [
+        BenchRequest(random_token_ids(rng, prompt_tokens), None, max_tokens) for _ in range(count)
+    ]
+
+
 BUILTIN_WORKLOADS = {
     "batch64": batch64,
     "single": single,
@@ -190,6 +201,7 @@ BUILTIN_WORKLOADS = {
     "rewrite8": rewrite8,
     "sessions": sessions,
     "tenants": tenants,
+    "long8": long_prompts,
 }
 
 

@@ -1,5 +1,6 @@
 """Opening the prefix cache's disk tier for an engine: the directory's identity is the model,
-its weight format, the KV dtypes and shapes, so blocks written under any other is refused."""
+its weight format, the KV dtypes and shapes and the KV-cache groups a block file holds, so
+blocks written under any other is refused."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ from pathlib import Path
 
 from tokenmill.config import EngineArgs
 from tokenmill.kv.disk_tier import DiskTier
+from tokenmill.kv.groups import KVGroups
 from tokenmill.loader.model_loader import LoadedModel
 
 
 def open_disk_tier(
-    args: EngineArgs, loaded: LoadedModel, kv_bytes_per_token: int
+    args: EngineArgs, loaded: LoadedModel, groups: KVGroups, block_bytes: int
 ) -> DiskTier | None:
-    """None without `kv_offload_dir`. A block's payload is every paged cache's KV (a draft
-    model's own included) for its tokens: `kv_bytes_per_token * block_size` bytes."""
+    """None without `kv_offload_dir`. A block file holds one pool block: its tokens' KV in one
+    group's layers (every layer without window trimming) and a draft model's own KV,
+    `block_bytes` in all."""
     if args.kv_offload_dir is None:
         return None
     config = loaded.config
@@ -28,13 +31,15 @@ def open_disk_tier(
         "dtype": args.dtype,
         "kv_cache_dtype": args.kv_cache_dtype,
         "draft_model": args.draft_model if args.speculative_method in ("draft", "eagle") else None,
-        "block_payload_bytes": kv_bytes_per_token * args.block_size,
+        "block_payload_bytes": block_bytes,
+        "kv_groups": [[list(g.layers), g.window] for g in groups.groups],
     }
     return DiskTier(
         args.kv_offload_dir,
         int(args.kv_offload_bytes),
         identity,
         args.block_size,
-        kv_bytes_per_token * args.block_size,
+        block_bytes,
         cache_ttl_s=args.prefix_cache_ttl,
+        max_retained_fraction=args.max_retained_kv_fraction,
     )

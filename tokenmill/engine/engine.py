@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from concurrent.futures import wait
 from typing import Any
 
-from tokenmill.config import EngineArgs, parse_dtype
+from tokenmill.config import EngineArgs, ModelConfig, parse_dtype
 from tokenmill.engine.admission import make_admission_policy
 from tokenmill.engine.disk_tier_setup import open_disk_tier
 from tokenmill.engine.host_memory import reuse_freed_memory
@@ -57,20 +57,13 @@ class LLMEngine:
         self.kv_bytes_per_token = (
             kv_bytes_per_token(config, dtype, args.kv_cache_dtype) + draft_bytes_per_token
         )
-        # An early-exit draft writes the target's first layers through one table: one group.
-        trimming = args.kv_window_trimming and args.kv_cache == "paged"
-        self.kv_groups = kv_groups(config, trimming and not (draft and draft.shares_target_kv))
+        self.kv_groups = kv_groups(config, _trims_windows(args, config, draft))
         self.kv_block_bytes = (
             kv_block_bytes(config, dtype, args.block_size, args.kv_cache_dtype, self.kv_groups)
             + draft_bytes_per_token * args.block_size
         )
         self.num_blocks = int(args.kv_cache_memory) // self.kv_block_bytes
-        if self.kv_groups.trims and args.kv_offload_dir is not None:
-            raise ValueError(
-                "kv_offload_dir: the disk tier holds single-table KV; with a sliding-window"
-                " model pass kv_window_trimming=False (--no-kv-window-trimming)"
-            )
-        self.disk_tier = open_disk_tier(args, self.loaded, self.kv_bytes_per_token)
+        self.disk_tier = open_disk_tier(args, self.loaded, self.kv_groups, self.kv_block_bytes)
         self.kv_manager = make_kv_manager(
             args.kv_cache,
             self.num_blocks,
@@ -276,6 +269,18 @@ class LLMEngine:
                 f"the KV cache holds {self.max_seq_len} tokens, too few for this "
                 f"{len(token_ids)}-token prompt; raise kv_cache_memory or lower max_model_len"
             )
+
+
+def _trims_windows(args: EngineArgs, config: ModelConfig, draft: Any) -> bool:
+    """Whether sliding-window layers keep only their window's blocks. Not with an early-exit
+    draft, which writes the target's first layers through one table; nor with a drafter of its
+    own KV when no layer attends to everything: that KV rides on the first group's table, which
+    would then drop blocks the drafter still reads."""
+    if not (args.kv_window_trimming and args.kv_cache == "paged"):
+        return False
+    if draft is None:
+        return True
+    return not draft.shares_target_kv and None in config.layer_windows
 
 
 def _child_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -195,14 +195,22 @@ class BlockPool:
             self._free[block.block_id] = block
 
     def _evict(self, block: KVBlock, record: bool) -> None:
-        if block.retained_until is not None:
-            block.retained_until = None
-            del self._retained[block.block_id]
+        """Forget the block's contents; with `record`, list them for the disk tier first (a
+        retention still running goes with them: the tier keeps the block until then)."""
         if block.block_hash is not None:
             if record and self.record_evictions:
                 self._evicted.append(
-                    EvictedBlock(block.block_id, block.block_hash, block.token_ids, block.last_used)
+                    EvictedBlock(
+                        block.block_id,
+                        block.block_hash,
+                        block.token_ids,
+                        block.last_used,
+                        block.retained_until,
+                    )
                 )
             del self._cached[block.block_hash]
             block.block_hash = None
             block.token_ids = ()
+        if block.retained_until is not None:
+            block.retained_until = None
+            del self._retained[block.block_id]

@@ -9,6 +9,12 @@ it; a file failing a check is deleted and is a miss, so its tokens are recompute
 written by a background thread, to a temporary name renamed into place: a crash leaves the
 whole file or none, and a block waiting for its write is served from memory meanwhile.
 
+Retention reaches the disk too: a block the pool evicts while a request's `cache.ttl` still
+holds it keeps that time here, and the byte budget's LRU takes retained files only when no
+other is left (the one whose retention ends first); the prefix-cache TTL does not drop them
+before it. At most `max_retained_fraction` of the budget is retained at once. Retention lives
+in memory only: after a restart the files are plain LRU.
+
 `tier.json` records what the files are valid for (model, dtypes, block size, layer shapes,
 format version); an engine with a different identity refuses the directory. Times come from
 an injectable wall clock, so files keep their last use across restarts (as their mtime).
@@ -63,6 +69,7 @@ class _Entry:
     size: int  # file bytes
     last_used: float
     pending: tuple[tuple[int, ...], bytes] | None = None  # token ids and payload, until written
+    retained_until: float | None = None  # kept out of LRU and TTL eviction until then
 
 
 def block_file_bytes(block_size: int, payload_bytes: int) -> int:
@@ -100,6 +107,7 @@ class DiskTier:
         payload_bytes: int,
         cache_ttl_s: float | None = None,
         clock: Callable[[], float] = time.time,
+        max_retained_fraction: float = 0.5,
     ) -> None:
         """`identity`: what the files are valid for (model, dtypes, layer shapes...); a
         directory written under another identity is refused with a ValueError."""
@@ -112,6 +120,7 @@ class DiskTier:
                 f"({self.file_bytes} bytes)"
             )
         self.budget_bytes = budget_bytes
+        self.max_retained_bytes = int(max_retained_fraction * budget_bytes)
         self.cache_ttl_s = cache_ttl_s
         self.clock = clock
         self.stats = DiskTierStats()
@@ -123,6 +132,7 @@ class DiskTier:
         self._staged: dict[BlockHash, tuple[tuple[int, ...], bytes]] = {}
         self._next_sweep = 0.0
         self._bytes = sum(entry.size for entry in self._index.values())
+        self._retained_bytes = 0
         self._make_room(0)
         self._queue: queue.Queue[BlockHash | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="kv-disk-tier", daemon=True)
@@ -171,6 +181,7 @@ class DiskTier:
             for block in blocks:
                 if block.block_hash in self._index:
                     self._touch(block.block_hash, block.last_used)
+                    self._retain(block.block_hash, block.retained_until)
         payloads = read_blocks(caches, [b.block_id for b in new])
         with self._lock:
             for block, payload in zip(new, payloads, strict=True):
@@ -179,6 +190,7 @@ class DiskTier:
                 entry = _Entry(self.file_bytes, block.last_used, (block.token_ids, payload))
                 self._index[block.block_hash] = entry
                 self._bytes += entry.size
+                self._retain(block.block_hash, block.retained_until)
                 self._queue.put(block.block_hash)
 
     def load(self, caches: list[KVCache], loads: list[tuple[BlockHash, int]]) -> None:
@@ -201,7 +213,11 @@ class DiskTier:
             return
         self._next_sweep = now + _EXPIRY_SWEEP_S
         with self._lock:
-            stale = [h for h, e in self._index.items() if e.last_used + self.cache_ttl_s <= now]
+            stale = [
+                h
+                for h, e in self._index.items()
+                if e.last_used + self.cache_ttl_s <= now and not self._is_retained(e, now)
+            ]
             for block_hash in stale:
                 self._drop(block_hash)
             self.stats.expirations += len(stale)
@@ -295,15 +311,48 @@ class DiskTier:
                 os.utime(self._path(block_hash), (entry.last_used, entry.last_used))
 
     def _make_room(self, size: int) -> bool:
-        """Evict least recently used blocks until `size` more bytes fit the budget."""
+        """Evict blocks until `size` more bytes fit the budget: the least recently used first,
+        a retained one only when nothing else is left."""
         while self._index and self._bytes + size > self.budget_bytes:
-            self._drop(next(iter(self._index)))
+            self._drop(self._next_victim())
             self.stats.evictions += 1
         return self._bytes + size <= self.budget_bytes
+
+    def _next_victim(self) -> BlockHash:
+        now = self.clock()
+        retained = []
+        for block_hash, entry in self._index.items():
+            if not self._is_retained(entry, now):
+                return block_hash
+            retained.append((entry.retained_until, block_hash))
+        return min(retained)[1]
+
+    def _retain(self, block_hash: BlockHash, until: float | None) -> None:
+        """Keep the block out of LRU and TTL eviction until `until`, within the retained bound."""
+        entry = self._index[block_hash]
+        if until is None or until <= self.clock():
+            return
+        if entry.retained_until is None:
+            if self._retained_bytes + entry.size > self.max_retained_bytes:
+                return
+            self._retained_bytes += entry.size
+        entry.retained_until = max(entry.retained_until or until, until)
+
+    def _is_retained(self, entry: _Entry, now: float) -> bool:
+        """Whether a retention still runs; one that ran out stops counting against the bound."""
+        if entry.retained_until is None:
+            return False
+        if entry.retained_until > now:
+            return True
+        entry.retained_until = None
+        self._retained_bytes -= entry.size
+        return False
 
     def _drop(self, block_hash: BlockHash) -> None:
         entry = self._index.pop(block_hash)
         self._bytes -= entry.size
+        if entry.retained_until is not None:
+            self._retained_bytes -= entry.size
         if entry.pending is None:
             self._path(block_hash).unlink(missing_ok=True)
 
@@ -334,8 +383,7 @@ class DiskTier:
             logger.exception("cannot write KV block file %s", path)
             with self._lock:
                 if self._index.get(block_hash) is entry:
-                    self._index.pop(block_hash)
-                    self._bytes -= entry.size
+                    self._drop(block_hash)
             path.unlink(missing_ok=True)
             return
         with self._lock:

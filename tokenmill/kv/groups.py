@@ -1,11 +1,12 @@
 """Which layers share a block table: the KV-cache groups of a model.
 
-Layers are grouped by the context they read: full-attention layers need every position, a
-sliding-window layer only its last `window`. Groups are of equal size, so a block id names
-the same number of bytes in every group and one pool serves them all: the KV tensors are
-allocated per slot within a group (`num_slots` of them), and layer L keeps its K and V in
-`slot_of[L]`'s tensor at the block ids of `group_of[L]`'s table. Gemma 3 270M (15 sliding
-layers, 3 full) gets one full group and five sliding groups of three layers each.
+Layers are grouped by the context they read (`ModelConfig.layer_windows`): full-attention
+layers need every position, a sliding-window layer only its last `window`. Groups are of equal
+size, so a block id names the same number of bytes in every group and one pool serves them all:
+the KV tensors are allocated per slot within a group (`num_slots` of them), and layer L keeps
+its K and V in `slot_of[L]`'s tensor at the block ids of `group_of[L]`'s table. Gemma 3 270M
+(15 sliding layers, 3 full) gets one full group and five sliding groups of three layers each; a
+Mistral-style model (the window on every layer) one sliding group.
 
 Without a windowed layer, or with window trimming off, there is one group holding every layer
 and no window: each layer its own tensor, one table per request, as before groups existed.
@@ -17,8 +18,6 @@ import math
 from dataclasses import dataclass
 
 from tokenmill.config import ModelConfig
-
-SLIDING_ATTENTION = "sliding_attention"
 
 
 @dataclass(frozen=True)
@@ -63,15 +62,6 @@ class KVGroups:
         return any(window is not None for window in self.windows)
 
 
-def layer_windows(config: ModelConfig) -> tuple[int | None, ...]:
-    """Each layer's sliding window as the model applies it (None: full attention)."""
-    kinds = config.layer_types or ()
-    return tuple(
-        config.sliding_window if i < len(kinds) and kinds[i] == SLIDING_ATTENTION else None
-        for i in range(config.num_hidden_layers)
-    )
-
-
 def single_group(num_layers: int) -> KVGroups:
     return KVGroups((KVGroup(tuple(range(num_layers)), None),), num_layers)
 
@@ -80,7 +70,7 @@ def kv_groups(config: ModelConfig, window_trimming: bool = True) -> KVGroups:
     """The model's groups: one per `num_slots` layers of equal window, the group size being the
     greatest common divisor of the layer counts per window, full-attention groups first; one
     untrimmed group when `window_trimming` is off or no layer has a window."""
-    windows = layer_windows(config)
+    windows = config.layer_windows
     if not window_trimming or all(w is None for w in windows):
         return single_group(config.num_hidden_layers)
     by_window: dict[int | None, list[int]] = {}

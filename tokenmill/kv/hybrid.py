@@ -8,18 +8,21 @@ never read a position outside the window). Allocation is all-or-nothing across t
 
 A prefix-cache hit of L blocks needs each full group's first L blocks and, of a sliding group,
 only the blocks a query starting at L * block_size still reads: the longest L for which every
-group has them wins.
+group has them wins. Each of those blocks may come from the pool or, with a disk tier, from
+its file (one per group and block: the group's layers only), through the pool's `CacheTiers`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tokenmill.kv.block_pool import BlockPool, KVBlock
+from tokenmill.kv.block_pool import BlockHash, BlockPool, EvictedBlock, KVBlock
+from tokenmill.kv.disk_tier import DiskTier
 from tokenmill.kv.groups import KVGroups
 from tokenmill.kv.kv_manager import KVCacheManager
 from tokenmill.kv.paged import PagedKVManager
 from tokenmill.kv.plan import blocks_for_tokens
+from tokenmill.kv.tiers import CacheTiers
 from tokenmill.request import Request
 
 
@@ -45,11 +48,13 @@ class HybridKVManager(KVCacheManager):
         max_chunk_tokens: int | None = None,
         cache_ttl_s: float | None = None,
         max_retained_fraction: float = 0.5,
+        disk_tier: DiskTier | None = None,
     ) -> None:
         """`max_chunk_tokens`: the most tokens a request computes in one step (the token budget
         with chunked prefill, None: a whole prompt at once), which a sliding group must hold
         together with the window before them. `cache_ttl_s`, `max_retained_fraction`: the
-        shared pool's TTL and retention (BlockPool)."""
+        shared pool's TTL and retention (BlockPool); `disk_tier`: where evicted cached blocks
+        go, and prefix lookups continue."""
         if num_blocks < 2:
             raise ValueError(f"a KV pool with window trimming needs 2 blocks, got {num_blocks}")
         self.block_size = block_size
@@ -60,13 +65,15 @@ class HybridKVManager(KVCacheManager):
             enable_caching=enable_prefix_caching,
             cache_ttl_s=cache_ttl_s,
             max_retained_blocks=int(max_retained_fraction * num_blocks),
+            record_evictions=disk_tier is not None,
         )
+        self.tiers = CacheTiers(self.pool, disk_tier)
         (self.null_block,) = self.pool.allocate(1)
         self.groups = [
             PagedKVManager(
                 num_blocks,
                 block_size,
-                pool=self.pool,
+                tiers=self.tiers,
                 window=group.window,
                 null_block=self.null_block,
                 hash_tag=bytes([g]),
@@ -117,27 +124,45 @@ class HybridKVManager(KVCacheManager):
         full_hits: dict[int, list[KVBlock]] = {}
         for g, group in enumerate(self.groups):
             if group.window is None:
-                full_hits[g] = group.find_cached_prefix(request)
-                length = min(length, len(full_hits[g]))
-        found = {
-            g: group.cached_blocks(request, 0, length)
-            for g, group in enumerate(self.groups)
-            if group.window is not None
+                full_hits[g] = group.find_cached_prefix(request, length)
+                length = len(full_hits[g])
+        found: dict[int, dict[int, KVBlock | None]] = {
+            g: {} for g, group in enumerate(self.groups) if group.window is not None
         }
-        while length > 0 and any(
-            None in found[g][self.groups[g].first_read_block(length * self.block_size) : length]
-            for g in found
-        ):
-            length -= 1
+        length = self._window_hit_length(request, length, found)
         per_group: list[list[KVBlock]] = []
         for g, group in enumerate(self.groups):
             if g in full_hits:
                 per_group.append(full_hits[g][:length])
                 continue
             first = group.first_read_block(length * self.block_size)
-            live = [block for block in found[g][first:length] if block is not None]
-            per_group.append([self.null_block] * first + live)
+            live = [found[g][i] for i in range(first, length)]
+            per_group.append([self.null_block] * first + live)  # type: ignore[list-item]
         return GroupedBlocks(per_group)
+
+    def _window_hit_length(
+        self, request: Request, length: int, found: dict[int, dict[int, KVBlock | None]]
+    ) -> int:
+        """The longest hit of at most `length` blocks whose window every sliding group holds.
+        Looked up from the window's end backwards (`found` keeps each answer): a block i
+        missing rules out every length above i whose window reaches back to it, so the next
+        candidate is i itself, and a disk file is read only for windows still in question."""
+        while length > 0:
+            missing = None
+            for g, seen in found.items():
+                group = self.groups[g]
+                for i in reversed(range(group.first_read_block(length * self.block_size), length)):
+                    if i not in seen:
+                        seen[i] = group.cached_block(request, i)
+                    if seen[i] is None:
+                        missing = i
+                        break
+                if missing is not None:
+                    break
+            if missing is None:
+                return length
+            length = missing
+        return 0
 
     def shared_prompt(self, parent: Request, num_tokens: int) -> GroupedBlocks:
         """The parent's blocks of its first `num_tokens` tokens in every group; empty when a
@@ -161,14 +186,22 @@ class HybridKVManager(KVCacheManager):
         if sum(plan.num_free_needed for plan in plans) > self.pool.num_free_blocks:
             return False
         for group, plan in zip(self.groups, plans, strict=True):
+            group.acquire_taken_over(plan)
+        for group, plan in zip(self.groups, plans, strict=True):
             group.commit_slots(request, plan)
         return True
 
     def take_block_copies(self) -> list[tuple[int, int]]:
         return [pair for group in self.groups for pair in group.take_block_copies()]
 
+    def take_tier_transfers(self) -> tuple[list[EvictedBlock], list[tuple[BlockHash, int]]]:
+        return self.tiers.take_transfers()
+
+    def blocks_to_persist(self) -> list[EvictedBlock]:
+        return self.tiers.blocks_to_persist()
+
     def expire(self) -> None:
-        self.pool.expire()
+        self.tiers.expire()
 
     def trim(self, request: Request, num_tokens: int) -> None:
         for group in self.groups:

@@ -25,13 +25,10 @@ def make_kv_manager(
 ) -> KVCacheManager:
     """`groups` that trim a window only for "paged"; `max_chunk_tokens` (the most tokens a
     request computes in one step, None: a whole prompt) bounds what their windows hold. TTL,
-    retention and the disk tier are the paged cache's (EngineArgs checks the mode); the disk
-    tier holds single-table KV only."""
+    retention and the disk tier are the paged cache's (EngineArgs checks the mode)."""
     if groups is not None and groups.trims:
         if mode != "paged":
             raise ValueError(f"KV window trimming needs kv_cache='paged', got {mode!r}")
-        if disk_tier is not None:
-            raise ValueError("the KV disk tier does not support window trimming")
         return HybridKVManager(
             groups,
             num_blocks,
@@ -40,6 +37,7 @@ def make_kv_manager(
             max_chunk_tokens,
             cache_ttl_s=cache_ttl_s,
             max_retained_fraction=max_retained_fraction,
+            disk_tier=disk_tier,
         )
     if mode == "paged":
         return PagedKVManager(

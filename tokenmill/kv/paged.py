@@ -11,11 +11,10 @@ One manager may also serve as one KV-cache group of a hybrid model (tokenmill/kv
 it then shares its pool with the other groups, tags its prefix-cache hashes with the group, and
 with a sliding `window` replaces each block no later query reads by the pool's null block.
 
-With a disk tier (kv/disk_tier.py; single-group models only), a prefix lookup continues past the
-pool's hits with the consecutive blocks the tier holds (`DiskBlock`s); taking them over
-allocates a fresh block for each and records `(block hash, block id)` for the runner to load.
-The cached blocks the pool evicts are recorded too, for the runner to save before their slots
-are reused (`take_tier_transfers`). Retention and the prefix-cache TTL live in the pool.
+Prefix lookups go through the pool's `CacheTiers` (kv/tiers.py): the pool's cached blocks, then
+the disk tier's (`DiskBlock`s, loaded into fresh blocks when taken over); the saves and loads a
+step owes the disk tier are collected there too. Retention and the prefix-cache TTL live in
+the pool.
 """
 
 from __future__ import annotations
@@ -24,16 +23,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tokenmill.kv.block_pool import (
-    BlockHash,
-    BlockPool,
-    DiskBlock,
-    EvictedBlock,
-    KVBlock,
-    hash_block,
-)
+from tokenmill.kv.block_pool import BlockHash, BlockPool, EvictedBlock, KVBlock, hash_block
 from tokenmill.kv.disk_tier import DiskTier
 from tokenmill.kv.kv_manager import KVCacheManager
+from tokenmill.kv.tiers import CacheTiers
 from tokenmill.request import Request
 
 
@@ -62,34 +55,36 @@ class PagedKVManager(KVCacheManager):
         max_retained_fraction: float = 0.5,
         clock: Callable[[], float] = time.time,
         disk_tier: DiskTier | None = None,
-        pool: BlockPool | None = None,
+        tiers: CacheTiers | None = None,
         window: int | None = None,
         null_block: KVBlock | None = None,
         hash_tag: bytes = b"",
     ) -> None:
         """`cache_ttl_s`, `max_retained_fraction`, `clock`: see BlockPool's TTL and retention;
         `disk_tier`: where evicted cached blocks go, and prefix lookups continue.
-        `pool`, `window`, `null_block` and `hash_tag` only for a group of a hybrid manager:
-        the shared pool, the group's sliding window, the block standing in for dropped ones
-        (never read), and the bytes that keep the group's prefix-cache entries its own."""
+        `tiers`, `window`, `null_block` and `hash_tag` only for a group of a hybrid manager:
+        the shared pool's tiers (replacing the arguments before), the group's sliding window,
+        the block standing in for dropped ones (never read), and the bytes that keep the
+        group's prefix-cache entries (and disk files) its own."""
         self.block_size = block_size
-        self.pool = pool or BlockPool(
-            num_blocks,
-            enable_caching=enable_prefix_caching,
-            cache_ttl_s=cache_ttl_s,
-            max_retained_blocks=int(max_retained_fraction * num_blocks),
-            clock=clock,
-            record_evictions=disk_tier is not None,
+        self.tiers = tiers or CacheTiers(
+            BlockPool(
+                num_blocks,
+                enable_caching=enable_prefix_caching,
+                cache_ttl_s=cache_ttl_s,
+                max_retained_blocks=int(max_retained_fraction * num_blocks),
+                clock=clock,
+                record_evictions=disk_tier is not None,
+            ),
+            disk_tier,
         )
-        self.disk_tier = disk_tier
+        self.pool = self.tiers.pool
         self.window = window
         self.null_block = null_block
         self.hash_tag = hash_tag
         self._tables: dict[str, list[KVBlock]] = {}
         self._num_published: dict[str, int] = {}  # leading blocks already in the prefix cache
         self._block_copies: list[tuple[int, int]] = []  # (src, dst) owed by this step's writes
-        self._disk_loads: list[tuple[BlockHash, int]] = []  # (hash, block id) to load this step
-        self._published_this_step: set[BlockHash] = set()  # their KV is not computed yet
 
     @property
     def num_blocks(self) -> int:
@@ -105,34 +100,28 @@ class PagedKVManager(KVCacheManager):
     def num_blocks_held(self, request_id: str) -> int:
         return sum(block is not self.null_block for block in self._tables.get(request_id, ()))
 
-    def find_cached_prefix(self, request: Request) -> list[KVBlock]:
-        max_blocks = (request.num_tokens - 1) // self.block_size
+    @property
+    def disk_tier(self) -> DiskTier | None:
+        return self.tiers.disk_tier
+
+    def find_cached_prefix(self, request: Request, max_blocks: int | None = None) -> list[KVBlock]:
+        """The longest run of leading blocks in the pool or on disk (at most `max_blocks`)."""
+        stop = (request.num_tokens - 1) // self.block_size
+        if max_blocks is not None:
+            stop = min(stop, max_blocks)
         hits: list[KVBlock] = []
-        for block in self.cached_blocks(request, 0, max_blocks):
+        for i in range(stop):
+            block = self.cached_block(request, i)
             if block is None:
                 break
             hits.append(block)
-        if self.disk_tier is not None:
-            hits += self._disk_hits(request, len(hits), max_blocks)
         return hits
 
-    def _disk_hits(self, request: Request, start: int, stop: int) -> list[KVBlock]:
-        hits: list[KVBlock] = []
-        for i in range(start, stop):
-            tokens = tuple(request.all_token_ids[i * self.block_size : (i + 1) * self.block_size])
-            if not self.disk_tier.lookup(request.block_hashes[i], tokens):
-                break
-            hits.append(DiskBlock(block_hash=request.block_hashes[i], token_ids=tokens))
-        return hits
-
-    def cached_blocks(self, request: Request, start: int, stop: int) -> list[KVBlock | None]:
-        """The request's blocks [start, stop) found in the prefix cache, None where missing."""
-        self._extend_block_hashes(request, stop)
-        found: list[KVBlock | None] = []
-        for i in range(start, stop):
-            tokens = request.all_token_ids[i * self.block_size : (i + 1) * self.block_size]
-            found.append(self.pool.lookup(request.block_hashes[i] + self.hash_tag, tokens))
-        return found
+    def cached_block(self, request: Request, index: int) -> KVBlock | None:
+        """The request's block `index` from the prefix cache's tiers, None where missing."""
+        self._extend_block_hashes(request, index + 1)
+        tokens = request.all_token_ids[index * self.block_size : (index + 1) * self.block_size]
+        return self.tiers.lookup(request.block_hashes[index] + self.hash_tag, tokens)
 
     def first_read_block(self, num_computed: int) -> int:
         """The first block a query starting at position `num_computed` (and every later one)
@@ -157,6 +146,7 @@ class PagedKVManager(KVCacheManager):
         plan = self.plan_slots(request, num_new_tokens, cached_prefix)
         if plan.num_free_needed > self.pool.num_free_blocks:
             return False
+        self.acquire_taken_over(plan)
         self.commit_slots(request, plan)
         return True
 
@@ -186,11 +176,15 @@ class PagedKVManager(KVCacheManager):
         shared = self._shared_blocks_written(held, len(table), request, num_after)
         return SlotPlan(held, len(table), needed, shared, needed + len(shared) + revived, num_after)
 
+    def acquire_taken_over(self, plan: SlotPlan) -> None:
+        """The first half of carrying out a plan: reference the cached pool blocks it takes
+        over, before any allocation (of this group's or another's) can evict them."""
+        self.tiers.acquire(self._real(plan.held[plan.num_owned :]))
+
     def commit_slots(self, request: Request, plan: SlotPlan) -> None:
-        """Carry out a plan whose `num_free_needed` blocks are free."""
-        taken_over = plan.held[plan.num_owned :]
-        self.pool.acquire(b for b in self._real(taken_over) if not isinstance(b, DiskBlock))
-        held = [*plan.held[: plan.num_owned], *self._take_from_disk(taken_over)]
+        """Carry out the rest of a plan whose `num_free_needed` blocks are free."""
+        taken_over = self.tiers.load_from_disk(plan.held[plan.num_owned :])
+        held = [*plan.held[: plan.num_owned], *taken_over]
         table = [*held, *self.pool.allocate(plan.num_new_blocks)]
         for index in plan.shared_written:
             table[index] = self._copy_on_write(table[index])
@@ -202,50 +196,13 @@ class PagedKVManager(KVCacheManager):
         return copies
 
     def take_tier_transfers(self) -> tuple[list[EvictedBlock], list[tuple[BlockHash, int]]]:
-        """The cached blocks this step's allocations evicted (to save first: blocks cached in
-        this same step have no KV yet and are left out) and the disk blocks to load."""
-        saves = [
-            block
-            for block in self.pool.take_evicted()
-            if block.block_hash not in self._published_this_step
-        ]
-        loads, self._disk_loads = self._disk_loads, []
-        self._published_this_step.clear()
-        if self.disk_tier is not None:
-            self.disk_tier.unstage(keep=[h for h, _ in loads], max_blocks=self.num_blocks)
-        return saves, loads
+        return self.tiers.take_transfers()
 
     def blocks_to_persist(self) -> list[EvictedBlock]:
-        """Every cached block the disk tier does not hold yet (for a clean shutdown)."""
-        if self.disk_tier is None:
-            return []
-        return [
-            EvictedBlock(block.block_id, block.block_hash, block.token_ids, block.last_used)
-            for block in self.pool.cached_blocks()
-            if block.block_hash not in self.disk_tier
-        ]
+        return self.tiers.blocks_to_persist()
 
     def expire(self) -> None:
-        self.pool.expire()
-        if self.disk_tier is not None:
-            self.disk_tier.expire()
-
-    def _take_from_disk(self, blocks: Sequence[KVBlock]) -> list[KVBlock]:
-        """`blocks` with each DiskBlock replaced by a fresh pool block that the runner loads
-        its KV into, cached under its hash at once."""
-        disk = [block for block in blocks if isinstance(block, DiskBlock)]
-        if not disk:
-            return list(blocks)
-        fresh = iter(self.pool.allocate(len(disk)))
-        taken = []
-        for block in blocks:
-            if isinstance(block, DiskBlock):
-                target = next(fresh)
-                self._disk_loads.append((block.block_hash, target.block_id))
-                self.pool.cache(target, block.block_hash, block.token_ids)
-                block = target
-            taken.append(block)
-        return taken
+        self.tiers.expire()
 
     def trim(self, request: Request, num_tokens: int) -> None:
         """Never below the span reserved at admission."""
@@ -312,10 +269,7 @@ class PagedKVManager(KVCacheManager):
             if table[i] is self.null_block:
                 continue
             tokens = request.all_token_ids[i * self.block_size : (i + 1) * self.block_size]
-            was_cached = table[i].block_hash is not None
-            self.pool.cache(table[i], request.block_hashes[i] + self.hash_tag, tokens)
-            if not was_cached and table[i].block_hash is not None:
-                self._published_this_step.add(table[i].block_hash)
+            self.tiers.cache(table[i], request.block_hashes[i] + self.hash_tag, tokens)
         self._num_published[request.request_id] = max(start, full)
 
     def _extend_block_hashes(self, request: Request, num_blocks: int) -> None:

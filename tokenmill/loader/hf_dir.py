@@ -61,7 +61,7 @@ def hf_model_config(model_dir: Path) -> ModelConfig:
             attention_bias=bool(raw.get("attention_bias", False))
             or architectures[0] in _QKV_BIAS_ARCHITECTURES,
             rope_scaling=raw.get("rope_scaling"),
-            **_gemma3_fields(raw),
+            **(_gemma3_fields(raw) or _sliding_window_fields(raw)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"{path}: missing or invalid field: {exc}") from exc
@@ -86,6 +86,26 @@ def _gemma3_fields(raw: dict[str, Any]) -> dict[str, Any]:
         "rope_local_base_freq": float(local_base),
         "query_pre_attn_scalar": int(raw.get("query_pre_attn_scalar") or 256),
     }
+
+
+def _sliding_window_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """The Llama family's window: Mistral's `sliding_window` holds for every layer; Qwen2's only
+    with `use_sliding_window`, and then from layer `max_window_layers` on (as transformers
+    reads it); transformers 5's `layer_types` say which layers where given."""
+    window = raw.get("sliding_window")
+    if not window or raw.get("use_sliding_window") is False:
+        return {}
+    layer_types = raw.get("layer_types")
+    if layer_types is None and "max_window_layers" in raw and raw.get("use_sliding_window"):
+        first = int(raw["max_window_layers"])
+        layer_types = [
+            "sliding_attention" if i >= first else "full_attention"
+            for i in range(int(raw["num_hidden_layers"]))
+        ]
+    fields: dict[str, Any] = {"sliding_window": int(window)}
+    if layer_types is not None:
+        fields["layer_types"] = tuple(layer_types)
+    return fields
 
 
 def shard_paths(model_dir: Path) -> list[Path]:
@@ -144,6 +164,8 @@ def write_hf_dir(
             "query_pre_attn_scalar": config.query_pre_attn_scalar,
             "hidden_activation": "gelu_pytorch_tanh",
         }
+    elif config.sliding_window is not None:
+        raw["sliding_window"] = config.sliding_window
     (model_dir / "config.json").write_text(json.dumps(raw, indent=2), encoding="utf-8")
     tensors = {name: tensor.contiguous() for name, tensor in weights}
     if config.tie_word_embeddings:

@@ -21,10 +21,18 @@ from tokenmill.model.weights import load_hf_weights
 
 class DecoderAttention(nn.Module):
     """Self-attention's projections: queries, keys and values in one merged product, and the
-    output one. Subclasses say how the heads attend (`forward`)."""
+    output one. Subclasses say how the heads attend (`forward`); a sliding `window` lets each
+    token see only itself and the `window - 1` tokens before it."""
 
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, scale: float) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        rotary: RotaryEmbedding,
+        scale: float,
+        window: int | None = None,
+    ) -> None:
         super().__init__()
+        self.window = window
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim

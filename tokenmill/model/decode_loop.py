@@ -153,9 +153,9 @@ def _layer_weights(layer: LlamaDecoderLayer | Gemma3DecoderLayer) -> tuple[objec
             layer.post_attention_layernorm,
             layer.post_feedforward_layernorm,
         )
-        window = attn.window
     else:
-        mlp_norm, gemma_norms, window = layer.post_attention_layernorm, (), None
+        mlp_norm, gemma_norms = layer.post_attention_layernorm, ()
+    window = attn.window
     norms = [n.weight for n in (layer.input_layernorm, mlp_norm, *gemma_norms)]
     if mlp.activation not in ACTIVATIONS or any(k is None for k in kernels):
         return None

@@ -22,13 +22,11 @@ from tokenmill.model.attention import AttentionMetadata, attention
 from tokenmill.model.causal_lm import CausalLM, DecoderAttention
 from tokenmill.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
 
-SLIDING = "sliding_attention"
-
 
 class Gemma3Attention(DecoderAttention):
     def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, window: int | None) -> None:
-        super().__init__(config, rotary, (config.query_pre_attn_scalar or config.head_dim) ** -0.5)
-        self.window = window
+        scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
+        super().__init__(config, rotary, scale, window)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
@@ -79,10 +77,10 @@ class Gemma3DecoderLayer(nn.Module):
 
 class Gemma3ForCausalLM(CausalLM):
     def __init__(self, config: ModelConfig) -> None:
-        layer_types = config.layer_types or ("full_attention",) * config.num_hidden_layers
-        if len(layer_types) != config.num_hidden_layers:
+        if config.layer_types is not None and len(config.layer_types) != config.num_hidden_layers:
             raise ValueError(
-                f"layer_types has {len(layer_types)} entries for {config.num_hidden_layers} layers"
+                f"layer_types has {len(config.layer_types)} entries for "
+                f"{config.num_hidden_layers} layers"
             )
         full = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
@@ -95,10 +93,8 @@ class Gemma3ForCausalLM(CausalLM):
         super().__init__(
             config,
             (
-                Gemma3DecoderLayer(config, local, config.sliding_window)
-                if kind == SLIDING
-                else Gemma3DecoderLayer(config, full, None)
-                for kind in layer_types
+                Gemma3DecoderLayer(config, full if window is None else local, window)
+                for window in config.layer_windows
             ),
         )
         self.embed_scale = config.hidden_size**0.5

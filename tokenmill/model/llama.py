@@ -1,5 +1,6 @@
 """The Llama decoder family (Llama 2/3, SmolLM2, Mistral, Qwen2) in plain PyTorch: the
-`CausalLM` skeleton (tokenmill.model.causal_lm) with pre-norm layers and a SwiGLU MLP."""
+`CausalLM` skeleton (tokenmill.model.causal_lm) with pre-norm layers and a SwiGLU MLP. A layer
+the config gives a sliding window (Mistral's `sliding_window`) attends within it."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from tokenmill.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
 
 
 class LlamaAttention(DecoderAttention):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
-        super().__init__(config, rotary, config.head_dim**-0.5)
+    def __init__(
+        self, config: ModelConfig, rotary: RotaryEmbedding, window: int | None = None
+    ) -> None:
+        super().__init__(config, rotary, config.head_dim**-0.5, window)
 
     def forward(
         self,
@@ -27,15 +30,17 @@ class LlamaAttention(DecoderAttention):
         qkv = self.qkv_proj(x).view(-1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         self.rotary(positions, q, k)
-        out = attention(q, k, v, kv_cache, meta, self.scale)
+        out = attention(q, k, v, kv_cache, meta, self.scale, self.window)
         return self.o_proj(out.reshape(-1, self.q_size))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+    def __init__(
+        self, config: ModelConfig, rotary: RotaryEmbedding, window: int | None = None
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config, rotary)
+        self.self_attn = LlamaAttention(config, rotary, window)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
 
@@ -64,5 +69,5 @@ class LlamaForCausalLM(CausalLM):
             config.rope_scaling,
         )
         super().__init__(
-            config, (LlamaDecoderLayer(config, rotary) for _ in range(config.num_hidden_layers))
+            config, (LlamaDecoderLayer(config, rotary, window) for window in config.layer_windows)
         )

@@ -6,6 +6,8 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from tokenmill.bench.workloads import BUILTIN_WORKLOADS
+
 
 def add_parser(kinds: argparse._SubParsersAction) -> None:
     serve = kinds.add_parser(
@@ -15,7 +17,7 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--workload",
         default="batch64",
-        help="batch64, single, rewrite, chat, sessions, tenants, or a JSONL file of requests",
+        help=", ".join(BUILTIN_WORKLOADS) + ", or a JSONL file of requests",
     )
     serve.add_argument(
         "--model",

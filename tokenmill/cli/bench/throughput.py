@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from tokenmill.bench.workloads import BUILTIN_WORKLOADS
 from tokenmill.cli.engine_args import add_engine_args, engine_args_from
 from tokenmill.engine.engine import LLMEngine
 
@@ -15,8 +16,7 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     throughput.add_argument(
         "--workload",
         default="batch64",
-        help="batch64, single, rewrite, chat, rewrite8, chat8, sessions, or a JSONL file of "
-        "requests",
+        help=", ".join(BUILTIN_WORKLOADS) + ", or a JSONL file of requests",
     )
     throughput.add_argument("--json", default=None, help="also write the result as JSON here")
     throughput.add_argument(
