@@ -68,7 +68,7 @@ def test_parse_dtype_refuses_unknown_names():
         ({"draft_model": "self:layers=4"}, "draft_model needs"),
         ({"draft_quantization": "int4"}, "draft_quantization needs"),
         ({"draft_sampling": "sample"}, "draft_sampling='sample' needs"),
-        ({"speculative_method": "medusa"}, "speculative_method"),
+        ({"speculative_method": "hydra"}, "speculative_method"),
         ({"speculative_method": "draft"}, "needs draft_model"),
         ({"speculative_method": "ngram", "kv_cache": "none"}, "needs a KV cache"),
         (

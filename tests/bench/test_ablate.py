@@ -26,6 +26,7 @@ def test_quick_run_writes_table_json_and_one_png_per_experiment(tokenmill_cli, t
         "KV memory",
         "speculative decoding (ngram)",
         "speculative decoding (eagle)",
+        "speculative decoding (medusa)",
         "speculative decoding (draft)",
         "speculative decoding (ngram, batch)",
         "native decode loop",
@@ -77,6 +78,7 @@ def test_speculative_rows_compare_off_and_on_with_identical_greedy_outputs(token
     assert [row["candidate"] for row in rows] == [
         *["ngram"] * 4,
         *["eagle"] * 4,
+        *["medusa"] * 4,
         *["draft"] * 4,
         "forced on",
         "default policy",
@@ -87,7 +89,8 @@ def test_speculative_rows_compare_off_and_on_with_identical_greedy_outputs(token
     )
 
     single = payload["experiments"]["speculative"]["data"]
-    for method, workload in (("ngram", "rewrite"), ("eagle", "chat"), ("draft", "chat")):
+    cases = (("ngram", "rewrite"), ("eagle", "chat"), ("medusa", "chat"), ("draft", "chat"))
+    for method, workload in cases:
         runs = single[method]
         assert runs["workload"] == workload and runs["outputs_match"] is True
         assert runs["off"]["spec_mean_accepted_length"] == 0.0  # nothing was verified

@@ -10,9 +10,18 @@ from tokenmill.quant import layerwise
 from tokenmill.quant.layerwise import LAYER_LINEARS, LayerInputs
 
 
-def test_layer_by_layer_matches_the_full_forward_pass(smollm, monkeypatch):
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_layer_by_layer_matches_the_full_forward_pass(smollm, monkeypatch, one_thread):
     # Three chunks of two sequences: 40 rows each, like the full pass's 120 wider than the skinny
-    # kernels, so both multiply through the same GEMM.
+    # kernels, so both multiply through the same GEMM. With several threads the GEMM splits 40
+    # and 120 rows differently, and the sums' order with them: one thread keeps it the same.
     monkeypatch.setattr(layerwise, "CHUNK_TOKENS", 40)
     samples = torch.randint(100, 40000, (6, 20), generator=torch.Generator().manual_seed(0))
     inputs = LayerInputs(smollm.model, samples)

@@ -61,7 +61,9 @@ class FakeTokenizer:
         self.error = error
         self.messages: list[dict[str, Any]] = []
 
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
         if self.error is not None:
             raise self.error
         self.messages = messages
