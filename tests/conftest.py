@@ -108,6 +108,23 @@ def runner(smollm) -> EngineRunner:
     return EngineRunner(smollm)
 
 
+@pytest.fixture
+def weather_tool() -> dict:
+    """An OpenAI function tool with one bounded string argument, as chat requests carry it."""
+    return {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 20}},
+                "required": ["city"],
+            },
+        },
+    }
+
+
 @pytest.fixture(scope="session")
 def long_text() -> str:
     """Real English prose that every CPython install carries: no download needed."""

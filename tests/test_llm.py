@@ -68,24 +68,12 @@ def test_generate_follows_a_regex(llm):
     assert re.fullmatch(r"[0-9]{2} (apples|pears)", output.outputs[0].text)
 
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 20}},
-            "required": ["city"],
-        },
-    },
-}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-def test_chat_with_a_required_tool_returns_parsed_calls(llm):
+def test_chat_with_a_required_tool_returns_parsed_calls(llm, weather_tool):
     params = SamplingParams(temperature=0, max_tokens=40)
-    (output,) = llm.chat(ASK, params, use_tqdm=False, tools=[WEATHER], tool_choice="required")
+    (output,) = llm.chat(ASK, params, use_tqdm=False, tools=[weather_tool], tool_choice="required")
     (completion,) = output.outputs
     assert completion.finish_reason == "tool_calls"
     call = completion.tool_calls[0]
@@ -93,7 +81,7 @@ def test_chat_with_a_required_tool_returns_parsed_calls(llm):
     assert isinstance(json.loads(call.arguments)["city"], str)
 
 
-def test_chat_accepts_a_tool_result_turn(llm):
+def test_chat_accepts_a_tool_result_turn(llm, weather_tool):
     call = {
         "id": "call_1",
         "type": "function",
@@ -105,12 +93,12 @@ def test_chat_accepts_a_tool_result_turn(llm):
         {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature_c": 21}'},
     ]
     params = SamplingParams(temperature=0, max_tokens=8)
-    (output,) = llm.chat(conversation, params, use_tqdm=False, tools=[WEATHER])
+    (output,) = llm.chat(conversation, params, use_tqdm=False, tools=[weather_tool])
     assert output.outputs[0].text
 
 
-def test_chat_refuses_a_tool_choice_naming_no_tool(llm):
+def test_chat_refuses_a_tool_choice_naming_no_tool(llm, weather_tool):
     named = {"type": "function", "function": {"name": "get_news"}}
     with pytest.raises(ValueError, match="get_news"):
-        llm.chat(ASK, use_tqdm=False, tools=[WEATHER], tool_choice=named)
+        llm.chat(ASK, use_tqdm=False, tools=[weather_tool], tool_choice=named)
     assert not llm.engine.has_unfinished_requests()

@@ -8,18 +8,6 @@ import openai
 import pytest
 
 MODEL = "smollm2-135m-instruct"
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 20}},
-            "required": ["city"],
-        },
-    },
-}
 TIME = {
     "type": "function",
     "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
@@ -32,14 +20,23 @@ def client(server) -> openai.OpenAI:
     return server.openai()
 
 
-def ask(client, **kwargs):
-    return client.chat.completions.create(
-        model=MODEL, messages=ASK, tools=[WEATHER, TIME], temperature=0, max_tokens=40, **kwargs
-    )
+@pytest.fixture
+def ask(client, weather_tool):
+    def ask(**kwargs):
+        return client.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            tools=[weather_tool, TIME],
+            temperature=0,
+            max_tokens=40,
+            **kwargs,
+        )
+
+    return ask
 
 
-def test_required_tool_choice_returns_a_valid_call_with_string_arguments(client):
-    (choice,) = ask(client, tool_choice="required").choices
+def test_required_tool_choice_returns_a_valid_call_with_string_arguments(ask):
+    (choice,) = ask(tool_choice="required").choices
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None
     call = choice.message.tool_calls[0]
@@ -51,19 +48,19 @@ def test_required_tool_choice_returns_a_valid_call_with_string_arguments(client)
         assert isinstance(arguments["city"], str) and len(arguments["city"]) <= 20
 
 
-def test_named_tool_choice_calls_that_function(client):
+def test_named_tool_choice_calls_that_function(ask):
     named = {"type": "function", "function": {"name": "get_weather"}}
-    (choice,) = ask(client, tool_choice=named).choices
+    (choice,) = ask(tool_choice=named).choices
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather"
     assert set(json.loads(call.function.arguments)) == {"city"}
 
 
-def test_streamed_tool_calls_arrive_in_pieces_and_reassemble_to_the_same_call(client):
-    (whole,) = ask(client, tool_choice="required").choices
+def test_streamed_tool_calls_arrive_in_pieces_and_reassemble_to_the_same_call(ask):
+    (whole,) = ask(tool_choice="required").choices
     deltas: dict[int, list] = {}
     finish_reason = None
-    for chunk in ask(client, tool_choice="required", stream=True):
+    for chunk in ask(tool_choice="required", stream=True):
         for choice in chunk.choices:
             finish_reason = choice.finish_reason or finish_reason
             for delta in choice.delta.tool_calls or []:
@@ -85,8 +82,8 @@ def test_streamed_tool_calls_arrive_in_pieces_and_reassemble_to_the_same_call(cl
     ]
 
 
-def test_a_second_turn_with_the_tool_result_is_accepted(client):
-    (first,) = ask(client, tool_choice="required").choices
+def test_a_second_turn_with_the_tool_result_is_accepted(client, ask, weather_tool):
+    (first,) = ask(tool_choice="required").choices
     call = first.message.tool_calls[0]
     messages = [
         *ASK,
@@ -94,14 +91,14 @@ def test_a_second_turn_with_the_tool_result_is_accepted(client):
         {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 21}'},
     ]
     response = client.chat.completions.create(
-        model=MODEL, messages=messages, tools=[WEATHER], tool_choice="none", max_tokens=8
+        model=MODEL, messages=messages, tools=[weather_tool], tool_choice="none", max_tokens=8
     )
     assert response.choices[0].message.content is not None
 
 
-def test_an_unknown_function_in_tool_choice_is_a_400(client):
+def test_an_unknown_function_in_tool_choice_is_a_400(ask):
     with pytest.raises(openai.BadRequestError) as error:
-        ask(client, tool_choice={"type": "function", "function": {"name": "get_news"}})
+        ask(tool_choice={"type": "function", "function": {"name": "get_news"}})
     assert error.value.body["param"] == "tool_choice"
     assert "get_news" in error.value.body["message"]
 
