@@ -139,7 +139,8 @@ at::Tensor dequantize_q5_0(const at::Tensor& qweight, const at::Tensor& qhigh,
       __m256i q32[4];
       for (int c = 0; c < 4; ++c)
         q32[c] = _mm256_cvtepi8_epi32(c % 2 ? _mm_srli_si128(halves[c / 2], 8) : halves[c / 2]);
-      store_block(q32, to_float(d[row * blocks + b]), 0.0f, dst + row * k + b * kQuantBlock,
+      // Adding -0 keeps every product's bits, a -0 (a zero code times a negative d) included.
+      store_block(q32, to_float(d[row * blocks + b]), -0.0f, dst + row * k + b * kQuantBlock,
                   k - b * kQuantBlock);
     }
   }
