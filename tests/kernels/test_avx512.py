@@ -22,7 +22,7 @@ needs_native = pytest.mark.skipif(
     ops.backend() != "native", reason="native kernels did not load on this machine"
 )
 
-# Products at 1-64 rows (and a ragged 13) of the int4 and int8 panel kernels and the packed
+# Products at 1-64 rows (and a ragged 13) of the int4, int8 and Q5_0 panel kernels and the packed
 # float32 kernel, with outputs that are not a whole number of panels; then SwiGLU's and GeGLU's
 # activations and the fused add + RMSNorm in float32 and bfloat16, at widths with and without a
 # 16-lane tail and at the model's own, gates reaching both saturated ends; saved to argv[1].
@@ -36,12 +36,14 @@ qweight4 = torch.randint(0, 256, (100, 128), generator=gen, dtype=torch.uint8)  
 scales = torch.rand(100, 7, generator=gen).half() * 0.01
 mins = -torch.rand(100, 7, generator=gen).half() * 0.1
 qweight8 = torch.randint(-127, 128, (100, 224), generator=gen, dtype=torch.int8)
+qhigh = torch.randint(0, 256, (100, 28), generator=gen, dtype=torch.uint8)  # Q5_0's fifth bits
 packed = ops.prepack_linear_weight(weight, 64)
 outputs = []
 for rows in (1, 2, 3, 4, 13, 16, 64):
     x = torch.randn(rows, 200, generator=gen)
     outputs.append(ops.int4_linear(x, qweight4, scales, mins, 32, bias))
     outputs.append(ops.int8_linear(x, qweight8, scales, 32, bias))
+    outputs.append(ops.q5_0_linear(x, qweight4, qhigh, scales, bias))
     outputs.append(ops.linear(x, weight, bias, packed))
 for dtype in (torch.float32, torch.bfloat16):
     for rows, width in ((1, 1536), (13, 577), (64, 13), (3, 8)):
@@ -100,7 +102,7 @@ def _run(script: str, path: Path, avx512: str) -> Any:
 def test_avx512_paths_give_the_avx2_kernels_bits(tmp_path: Path) -> None:
     avx2 = _run(PRODUCTS, tmp_path / "avx2.pt", "0")
     avx512 = _run(PRODUCTS, tmp_path / "avx512.pt", "1")
-    assert len(avx2) == len(avx512) == 21 + 2 * 4 * 5
+    assert len(avx2) == len(avx512) == 28 + 2 * 4 * 5
     for a, b in zip(avx2, avx512, strict=True):
         assert torch.equal(a, b)
 

@@ -19,7 +19,14 @@ from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.gguf_model import GGUFModelBlocks, gguf_model_config
 from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.model.layers import Linear
-from tokenmill.quant.gguf import GGUFMethod, plan_gguf_linears, repack_blocks
+from tokenmill.quant.gguf import (
+    HEAD_ENV,
+    Q5_0_ENV,
+    GGUFMethod,
+    plan_gguf_linears,
+    repack_blocks,
+    requantize_q5_0,
+)
 from tokenmill.quant.int4 import Int4Linear
 from tokenmill.quant.int8 import Int8Linear
 from tokenmill.quant.linear import QuantLinear
@@ -46,6 +53,10 @@ def gguf_gemma() -> LoadedModel:
 
 
 def dequantize_repacked(packed: dict[str, torch.Tensor], k: int) -> torch.Tensor:
+    if "qhigh" in packed:
+        return ops.dequantize_q5_0_reference(
+            packed["qweight"], packed["qhigh"], packed["scales"], k
+        )
     if "mins" in packed:
         return ops.dequantize_int4_reference(
             packed["qweight"], packed["scales"], packed["mins"], 32, k
@@ -69,6 +80,27 @@ def test_each_block_type_repacks_losslessly(qtype: GGMLQuantizationType) -> None
     packed = repack_blocks(raw.reshape(-1), qtype, weight.shape)
     expected = torch.from_numpy(quants.dequantize(raw, qtype))
     assert torch.equal(dequantize_repacked(packed, 96), expected)
+
+
+def test_q5_0_held_as_int8_dequantizes_to_the_same_weight() -> None:
+    weight = np.random.default_rng(5).standard_normal((5, 96)).astype(np.float32)
+    raw = quants.quantize(weight, Q.Q5_0).reshape(-1)
+    as_int8 = repack_blocks(raw, Q.Q5_0, weight.shape, kind="int8")
+    assert torch.equal(
+        dequantize_repacked(as_int8, 96),
+        dequantize_repacked(repack_blocks(raw, Q.Q5_0, (5, 96)), 96),
+    )
+
+
+def test_gemma_q5_0_tensors_repack_to_exactly_the_files_weights(gguf_gemma) -> None:
+    gguf = GGUFFile(gguf_gemma.path)
+    infos = [i for i in gguf.tensor_infos if i.qtype == Q.Q5_0][:4]
+    assert infos
+    for info in infos:
+        packed = repack_blocks(gguf.raw_bytes(info), info.qtype, info.shape)
+        expected = quants.dequantize(gguf.raw_bytes(info), info.qtype).reshape(info.shape)
+        dequantized = ops.dequantize_q5_0(*packed.values(), info.shape[-1])
+        assert torch.equal(dequantized, torch.from_numpy(expected))
 
 
 def test_every_linear_of_the_q4_1_file_runs_on_its_blocks(quantized_smollm) -> None:
@@ -130,6 +162,34 @@ def test_q5_0_and_q8_0_parts_merge_into_one_int8_linear(smollm_path, smollm) -> 
     assert plan["layers.0.self_attn.qkv_proj"] == {"kind": "int8", "group_size": 32}
 
 
+def test_q5_0_runs_on_its_own_kernel_but_as_int8_under_the_baseline_switch(
+    smollm_path, smollm, monkeypatch
+) -> None:
+    q5_0 = {f"blk.0.ffn_{part}.weight": Q.Q5_0 for part in ("gate", "up")}
+    plan = plan_with_types(smollm_path, smollm.model, q5_0)
+    assert plan["layers.0.mlp.gate_up_proj"] == {"kind": "q5_0"}
+    monkeypatch.setenv(Q5_0_ENV, "int8")
+    plan = plan_with_types(smollm_path, smollm.model, q5_0)
+    assert plan["layers.0.mlp.gate_up_proj"] == {"kind": "int8", "group_size": 32}
+
+
+def test_the_head_switch_rerounds_the_head_into_q5_0_blocks(smollm_path, smollm, monkeypatch):
+    monkeypatch.setenv(HEAD_ENV, "q5_0")
+    plan = plan_with_types(smollm_path, smollm.model, {})
+    assert plan["lm_head"] == {"kind": "q5_0"}
+    assert plan["layers.0.mlp.gate_up_proj"] == {"kind": "int4", "group_size": 32}
+    weight = np.random.default_rng(6).standard_normal((40, 96)).astype(np.float32)
+    tensors = requantize_q5_0(torch.from_numpy(weight))
+    expected = quants.dequantize(quants.quantize(weight, Q.Q5_0), Q.Q5_0)
+    assert torch.equal(dequantize_repacked(tensors, 96), torch.from_numpy(expected))
+
+
+def test_an_unknown_head_type_is_refused(smollm_path, smollm, monkeypatch) -> None:
+    monkeypatch.setenv(HEAD_ENV, "q2_k")
+    with pytest.raises(ValueError, match="TOKENMILL_GGUF_HEAD must be unset or 'q5_0'"):
+        plan_with_types(smollm_path, smollm.model, {})
+
+
 def test_gguf_quantization_needs_a_gguf_file(smollm) -> None:
     source = WeightSource(smollm.config, torch.float32, iter(()), gguf=None)
     with pytest.raises(ValueError, match=r"needs a \.gguf model"):
@@ -140,9 +200,15 @@ def test_every_linear_of_the_gemma_q4_k_m_file_runs_on_its_blocks(gguf_gemma) ->
     linears = [m for m in gguf_gemma.model.modules() if isinstance(m, (Linear, QuantLinear))]
     kinds = Counter(m.kind if isinstance(m, QuantLinear) else "float" for m in linears)
     layers = len(gguf_gemma.model.layers)
-    # q/k/v (Q5_0 and Q8_0) and gate/up (Q5_0) as int8, the tied head on token_embd's Q8_0,
-    # every attn_output and half the ffn_down in Q4_K, the other ffn_down in Q6_K.
-    assert kinds == {"int8": 2 * layers + 1, "q4_k": layers + layers // 2, "q6_k": layers // 2}
+    # gate/up (Q5_0) and half the q/k/v (all Q5_0) as q5_0, the other q/k/v (Q5_0 with a Q8_0
+    # v) as int8 with the tied head on token_embd's Q8_0, every attn_output and half the
+    # ffn_down in Q4_K, the other ffn_down in Q6_K.
+    assert kinds == {
+        "q5_0": layers + layers // 2,
+        "int8": layers // 2 + 1,
+        "q4_k": layers + layers // 2,
+        "q6_k": layers // 2,
+    }
 
 
 @pytest.mark.skipif(ops.backend() != "native", reason="needs the native kernels")

@@ -4,7 +4,7 @@ the dequantize-then-fp32 product.
 
 Bounds (max |a - b| / max |b|): layer vs the fp32 product of x rounded as the kernels round it
 (tests/kernels/test_quant_linear.py) 1e-5; vs the exact fp32 product, the rounding of x itself:
-2e-2 for int4 weights' int8 activations, 1e-4 for int8 and Q6_K weights' int16 ones.
+2e-2 for int4 and Q5_0 weights' int8 activations, 1e-4 for Q6_K weights' int16 ones.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ Q = GGMLQuantizationType
 REPACKED_TYPES = [Q.Q4_K, Q.Q6_K, Q.Q5_0]
 ROWS = [1, 4, 64, 256]
 KERNEL_MAX_RELATIVE_ERROR = 1e-5
-ACTIVATION_MAX_RELATIVE_ERROR = {Q.Q4_K: 2e-2, Q.Q6_K: 1e-4, Q.Q5_0: 1e-4}
+ACTIVATION_MAX_RELATIVE_ERROR = {Q.Q4_K: 2e-2, Q.Q6_K: 1e-4, Q.Q5_0: 2e-2}
 
 
 def gemma_path() -> Path:
@@ -58,6 +58,8 @@ def dequantized_repack(packed: dict[str, torch.Tensor], k: int) -> torch.Tensor:
         return ops.dequantize_q6_k_reference(
             packed["qweight"], packed["sub_scales"], packed["super_scales"], packed.get("mins")
         )
+    if "qhigh" in packed:  # the native dequantization where it runs: it must give these bits
+        return ops.dequantize_q5_0(packed["qweight"], packed["qhigh"], packed["scales"], k)
     if "mins" in packed:
         return ops.dequantize_int4_reference(
             packed["qweight"], packed["scales"], packed["mins"], 32, k
@@ -125,7 +127,7 @@ def test_layers_multiply_real_weights_like_the_dequantized_fp32_product(gemma_fi
     raw = gemma_file.raw_bytes(info)
     layer = layer_of(qtype, repack_blocks(raw, qtype, info.shape), info.shape[-1])
     dense = gguf_dequantized(raw, qtype, info.shape)
-    bits = 8 if qtype == Q.Q4_K else 16
+    bits = 8 if qtype in (Q.Q4_K, Q.Q5_0) else 16  # int4 and q5_0 kernels round x to int8
     gen = torch.Generator().manual_seed(int(qtype))
     for rows in ROWS:
         x = torch.randn(rows, info.shape[-1], generator=gen)

@@ -17,7 +17,14 @@ from tokenmill.kernels.dispatch import native_or, no_native_kernel
 from tokenmill.kernels.extension import bfloat16_linear_available
 from tokenmill.kernels.float_linear import PREPACKED_MAX_ROWS, SKINNY_MAX_ROWS
 from tokenmill.kernels.nf4_linear import NF4_KERNEL_MAX_ROWS
-from tokenmill.kernels.quant_linear import INT4, INT8, QUANT_KERNEL_MAX_ROWS, IntegerFormat
+from tokenmill.kernels.quant_linear import (
+    INT4,
+    INT8,
+    Q5_0,
+    Q5_0_GROUP,
+    QUANT_KERNEL_MAX_ROWS,
+    IntegerFormat,
+)
 from tokenmill.kernels.quant_panels import QuantPanels
 
 
@@ -71,6 +78,11 @@ def int4_linear_kernel(
 ) -> object | None:
     """The native loop's handle on an int4 linear, from its `pack_int4_panels` form."""
     return _integer_linear_kernel(INT4, panels, group_size, bias)
+
+
+def q5_0_linear_kernel(panels: QuantPanels | None, bias: torch.Tensor | None) -> object | None:
+    """The native loop's handle on a Q5_0 linear, from its `pack_q5_0_panels` form."""
+    return _integer_linear_kernel(Q5_0, panels, Q5_0_GROUP, bias)
 
 
 def _fp8_kernel_fits(

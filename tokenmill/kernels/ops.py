@@ -32,6 +32,7 @@ from tokenmill.kernels.decode_loop import (
     int4_linear_kernel,
     int8_linear_kernel,
     linear_kernel_max_rows,
+    q5_0_linear_kernel,
 )
 from tokenmill.kernels.elementwise import (
     add_rms_norm,
@@ -97,16 +98,21 @@ from tokenmill.kernels.quant_linear import (
     DEQUANTIZE_TILE_WEIGHTS,
     INT4_WEIGHT_ACTIVATION_BITS,
     INT8_WEIGHT_ACTIVATION_BITS,
+    Q5_0_GROUP,
     QUANT_KERNEL_MAX_ROWS,
     dequantize_int4,
     dequantize_int4_reference,
     dequantize_int8,
     dequantize_int8_reference,
+    dequantize_q5_0,
+    dequantize_q5_0_reference,
     int4_linear,
     int4_linear_reference,
     int8_linear,
     int8_linear_reference,
     kernel_activations,
+    q5_0_linear,
+    q5_0_linear_reference,
     quantize_activations_reference,
 )
 from tokenmill.kernels.quant_panels import (
@@ -115,7 +121,9 @@ from tokenmill.kernels.quant_panels import (
     QuantPanels,
     pack_int4_panels,
     pack_int8_panels,
+    pack_q5_0_panels,
     unpack_int4,
+    unpack_q5_0,
 )
 from tokenmill.kernels.quantized_kv import (
     KV_CODE_MAX,
@@ -144,6 +152,7 @@ __all__ = [
     "NF4_VALUES",
     "PANEL_ROWS",
     "PREPACKED_MAX_ROWS",
+    "Q5_0_GROUP",
     "Q6_K_SUB_BLOCK",
     "Q6_K_SUPER_BLOCK",
     "QUANT_BLOCK",
@@ -172,6 +181,8 @@ __all__ = [
     "dequantize_kv_reference",
     "dequantize_nf4",
     "dequantize_nf4_reference",
+    "dequantize_q5_0",
+    "dequantize_q5_0_reference",
     "dequantize_q6_k_reference",
     "dynamic_map",
     "float32_linear_kernel",
@@ -198,6 +209,7 @@ __all__ = [
     "nf4_linear_reference",
     "pack_int4_panels",
     "pack_int8_panels",
+    "pack_q5_0_panels",
     "pack_q6_k_panels",
     "paged_decode_attention",
     "paged_decode_attention_quantized",
@@ -206,6 +218,9 @@ __all__ = [
     "prefill_attention",
     "prefill_attention_reference",
     "prepack_linear_weight",
+    "q5_0_linear",
+    "q5_0_linear_kernel",
+    "q5_0_linear_reference",
     "q6_k_linear",
     "q6_k_linear_kernel",
     "q6_k_linear_reference",
@@ -223,6 +238,7 @@ __all__ = [
     "store_kv_quantized_reference",
     "store_kv_reference",
     "unpack_int4",
+    "unpack_q5_0",
 ]
 
 

@@ -1,12 +1,12 @@
-"""Products with an int8 or int4 weight (layouts in `quant_panels`), their dequantization, and
-the rounding of x that the integer kernels apply; one implementation serves both formats.
+"""Products with an int8, int4 or Q5_0 weight (layouts in `quant_panels`), their dequantization,
+and the rounding of x that the integer kernels apply; one implementation serves the three.
 
 For up to QUANT_KERNEL_MAX_ROWS rows, native rounds x per block of 32 to integers (int8, scale
 max|x| / 127, for int4 weights, as llama.cpp does; int16, max|x| / 32767, for int8 weights) and
-multiplies in integers; the references round x the same way before an fp32 product with the
-dequantized weight, so both backends compute one function (tests/kernels/test_quant_linear.py
-bounds the difference, and the rounding's own error). Wider x is multiplied in fp32 by the
-dequantized weight on both.
+multiplies in integers (Q5_0 rounds x as int4 does); the references round x the same way before
+an fp32 product with the dequantized weight, so both backends compute one function
+(tests/kernels/test_quant_linear.py bounds the difference, and the rounding's own error). Wider
+x is multiplied in fp32 by the dequantized weight on both.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from tokenmill.kernels.quant_panels import (
     QuantPanels,
     pack_int4_panels,
     pack_int8_panels,
+    pack_q5_0_panels,
     unpack_int4,
+    unpack_q5_0,
 )
 
 # Above this many rows of x, expanding the weight to fp32 once and running torch's GEMM beats
@@ -37,14 +39,17 @@ INT4_WEIGHT_ACTIVATION_BITS = 8
 
 
 class IntegerFormat(NamedTuple):
-    """What sets int8 and int4 weights apart for the shared code. A weight is the tuple of its
-    tensors: (qweight, scales) for int8, (qweight, scales, mins) for int4."""
+    """What sets int8, int4 and Q5_0 weights apart for the shared code. A weight is the tuple
+    of its tensors: (qweight, scales) for int8, (qweight, scales, mins) for int4, (qweight,
+    qhigh, scales) for Q5_0; the first `code_tensors` hold the codes."""
 
-    kind: str  # "int8" or "int4": the decode loop's LinearKernel constructor
+    kind: str  # "int8", "int4" or "q5_0": the decode loop's LinearKernel constructor
     activation_bits: int  # x is rounded through blocks of this many bits
     product: str  # the native product's name
     dequantize: str  # the native dequantization's name
-    codes: Callable[[torch.Tensor, int], torch.Tensor]  # (qweight, in_features) -> [N, K] codes
+    code_tensors: int
+    # (*code tensors, in_features) -> [N, K] integer values, which the scales multiply
+    codes: Callable[..., torch.Tensor]
     pack: Callable[[tuple[torch.Tensor, ...], int], QuantPanels]  # (weight, in_features)
 
 
@@ -53,6 +58,7 @@ INT8 = IntegerFormat(
     INT8_WEIGHT_ACTIVATION_BITS,
     "int8_linear",
     "dequantize_int8",
+    1,
     lambda qweight, in_features: qweight[:, :in_features],
     lambda weight, in_features: pack_int8_panels(*weight),
 )
@@ -61,9 +67,23 @@ INT4 = IntegerFormat(
     INT4_WEIGHT_ACTIVATION_BITS,
     "int4_linear",
     "dequantize_int4",
+    1,
     unpack_int4,
     lambda weight, in_features: pack_int4_panels(*weight, in_features),
 )
+# GGUF's Q5_0 at its own 5.5 bits a weight: w = scale * (q - 16), q in 0..31, groups of 32.
+Q5_0 = IntegerFormat(
+    "q5_0",
+    INT4_WEIGHT_ACTIVATION_BITS,
+    "q5_0_linear",
+    "dequantize_q5_0",
+    2,
+    lambda qweight, qhigh, in_features: (
+        unpack_q5_0(qweight, qhigh, in_features).to(torch.int8) - 16
+    ),
+    lambda weight, in_features: pack_q5_0_panels(*weight, in_features),
+)
+Q5_0_GROUP = 32
 
 
 def quantized_fits(x: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -87,8 +107,9 @@ def _dequantize_reference(
     fmt: IntegerFormat, weight: tuple[torch.Tensor, ...], group_size: int, in_features: int
 ) -> torch.Tensor:
     """codes * scale (+ min for int4), fp32 [N, in_features]."""
-    qweight, scales, *mins = weight
-    values = fmt.codes(qweight, in_features).float() * _per_input(scales, group_size, in_features)
+    scales, *mins = weight[fmt.code_tensors :]
+    codes = fmt.codes(*weight[: fmt.code_tensors], in_features)
+    values = codes.float() * _per_input(scales, group_size, in_features)
     for group_mins in mins:
         values = values + _per_input(group_mins, group_size, in_features)
     return values
@@ -204,6 +225,43 @@ def int4_linear_reference(
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return _linear_reference(INT4, x, (qweight, scales, mins), group_size, bias)
+
+
+def q5_0_linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    qhigh: torch.Tensor,
+    scales: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    panels: QuantPanels | None = None,
+) -> torch.Tensor:
+    """`F.linear(x, w, bias)` for the Q5_0 weight w = (qweight, qhigh, scales); x: [..., K].
+    `panels` is w from `pack_q5_0_panels`, which the native kernel reads (packed here when not
+    given)."""
+    return _linear(Q5_0, x, (qweight, qhigh, scales), Q5_0_GROUP, bias, panels)
+
+
+def q5_0_linear_reference(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    qhigh: torch.Tensor,
+    scales: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    return _linear_reference(Q5_0, x, (qweight, qhigh, scales), Q5_0_GROUP, bias)
+
+
+def dequantize_q5_0(
+    qweight: torch.Tensor, qhigh: torch.Tensor, scales: torch.Tensor, in_features: int
+) -> torch.Tensor:
+    """The fp32 weight [N, in_features] a Q5_0 (qweight, qhigh, scales) stands for."""
+    return _dequantize(Q5_0, (qweight, qhigh, scales), Q5_0_GROUP, in_features)
+
+
+def dequantize_q5_0_reference(
+    qweight: torch.Tensor, qhigh: torch.Tensor, scales: torch.Tensor, in_features: int
+) -> torch.Tensor:
+    return _dequantize_reference(Q5_0, (qweight, qhigh, scales), Q5_0_GROUP, in_features)
 
 
 def dequantize_int8(

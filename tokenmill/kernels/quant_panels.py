@@ -8,8 +8,12 @@ per group of `group_size` inputs, group_size a multiple of 32 (the last group ma
         take 32 bytes, input i in the low nibble of byte i, input 32 + i in its high nibble.
 scales (and mins) are [N, ceil(K / group_size)], float16 or float32.
 
+GGUF's Q5_0 keeps its 5.5 bits a weight, w = scale * (q - 16) with q in 0..31 and one fp16 scale
+per block of 32: qweight holds the low 4 bits as int4 does, qhigh uint8 [N, ceil(K / 32) * 4]
+the fifth bits, block b's as GGUF's little-endian 32 bits (bit j: input 32b + j).
+
 The native kernels read a copy regrouped into panels of PANEL_ROWS rows (`pack_int8_panels`,
-`pack_int4_panels`; the quantized layers keep it).
+`pack_int4_panels`, `pack_q5_0_panels`; the quantized layers keep it).
 """
 
 from __future__ import annotations
@@ -46,6 +50,17 @@ def unpack_int4(qweight: torch.Tensor, in_features: int) -> torch.Tensor:
     return nibbles.view(qweight.shape[0], -1)[:, :in_features]
 
 
+def _fifth_bits(qhigh: torch.Tensor) -> torch.Tensor:
+    """uint8 0 / 1 [N, blocks * 32]: each input's fifth bit from Q5_0's qhigh."""
+    bits = (qhigh.view(qhigh.shape[0], -1, 4, 1) >> torch.arange(8, dtype=torch.uint8)) & 1
+    return bits.view(qhigh.shape[0], -1)
+
+
+def unpack_q5_0(qweight: torch.Tensor, qhigh: torch.Tensor, in_features: int) -> torch.Tensor:
+    """uint8 codes 0..31 [N, in_features] of a Q5_0 weight's (qweight, qhigh)."""
+    return unpack_int4(qweight, in_features) | (_fifth_bits(qhigh)[:, :in_features] << 4)
+
+
 def _panel_rows(t: torch.Tensor) -> torch.Tensor:
     """t [N, ...] zero-padded to whole panels, as [panels, PANEL_ROWS, ...]."""
     padded = F.pad(t, (0, 0) * (t.dim() - 1) + (0, -t.shape[0] % PANEL_ROWS))
@@ -69,6 +84,25 @@ def pack_int4_panels(
     split = _panel_rows(codes).view(-1, PANEL_ROWS, blocks, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
     values = (split[..., 0] | (split[..., 1] << 4)).contiguous().view(split.shape[0], -1)
     return QuantPanels(values, _panel_groups(scales), _panel_groups(mins), qweight.shape[0])
+
+
+def pack_q5_0_panels(
+    qweight: torch.Tensor, qhigh: torch.Tensor, scales: torch.Tensor, in_features: int
+) -> QuantPanels:
+    """The Q5_0 weight in panels: per panel and block of 32 inputs, the low 4 bits of the codes
+    as `pack_int4_panels` lays them out (128 bytes), then 32 bytes of fifth bits: row r's byte j
+    holds in bit v the fifth bit of input 8v + j and in bit 4 + v that of input 8v + 4 + j (the
+    inputs whose low bits sit in the low and high nibble of byte j of vector v)."""
+    blocks = -(-in_features // QUANT_BLOCK)
+    low = pack_int4_panels(qweight, scales, scales, in_features).values
+    nibbles = low.view(low.shape[0], blocks, 4 * 32)
+    # [panels, row, block, v, half, j] -> [panels, block, row, j, v, half]
+    fifth = _panel_rows(_fifth_bits(qhigh)).view(-1, PANEL_ROWS, blocks, 4, 2, 4)
+    split = fifth.permute(0, 2, 1, 5, 3, 4)
+    weights = (1 << torch.arange(8, dtype=torch.uint8)).view(2, 4).t()  # [v, half]: bit 4h + v
+    high = (split * weights).sum(dim=(-2, -1), dtype=torch.uint8).view(-1, blocks, 32)
+    values = torch.cat((nibbles, high), dim=-1).view(nibbles.shape[0], -1)
+    return QuantPanels(values, _panel_groups(scales), None, qweight.shape[0])
 
 
 def pack_int8_panels(qweight: torch.Tensor, scales: torch.Tensor) -> QuantPanels:

@@ -2,29 +2,35 @@
 
 Each block type repacks losslessly into a kernel format (the dequantized bits are the same):
   Q8_0 (fp16 d, 32 int8 q; w = d * q)            -> int8 in groups of 32: q and d as they are;
-  Q5_0 (fp16 d, 5-bit q; w = d(q-16))             -> int8 in groups of 32: q - 16 and d;
+  Q5_0 (fp16 d, 5-bit q; w = d(q-16))             -> `Q50Linear`: its nibbles regrouped as
+                                                     int4's, its fifth bits and d as they are
+                                                     (int8 in groups of 32, q - 16 and d, with
+                                                     TOKENMILL_GGUF_Q5_0=int8, the baseline);
   Q4_1 (fp16 d, fp16 m, 16 bytes of nibbles)      -> int4: scale d, min m;
   Q4_0 (fp16 d, 16 bytes of nibbles; w = d(q-8))  -> int4: scale d, min -8d (exact in fp16);
   Q4_K, Q5_K, Q6_K (super-blocks of 256)          -> their own layers (tokenmill.quant.kquant).
 GGUF packs value j and j + 16 of a Q4_0 / Q4_1 block into byte j; the int4 kernel wants 64
 values per 32 bytes, so those nibbles are regrouped (Q4_K's already are). A linear merged from
-several tensors (q/k/v, gate/up) runs natively when its parts repack to one format (Q5_0 and
-Q8_0 both become int8, say), and parts of several k-quant types take the q5_k layout, which
+several tensors (q/k/v, gate/up) runs natively when its parts repack to one format (Q5_0 parts
+with Q8_0 ones all become int8), and parts of several k-quant types take the q5_k layout, which
 holds each exactly; a linear with a type no kernel reads, or other parts of two formats, stays
 fp32, dequantized as without quantization, and the load logs one line naming the types. A tied
 LM head reads the token embedding's blocks (llama.cpp does the same), while the embedding table
-itself is dequantized for lookups.
+itself is dequantized for lookups. TOKENMILL_GGUF_HEAD=q5_0 (off by default: the file's own
+blocks) re-rounds the LM head into Q5_0 blocks at load, a lossy trade of its bytes (the largest
+share of a small-model decode step) for its accuracy.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections import defaultdict
 from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 from torch import nn
 
 from tokenmill.config import ModelConfig
@@ -34,6 +40,7 @@ from tokenmill.quant.int4 import pack_int4
 from tokenmill.quant.kquant import Q4KLinear, Q5KLinear, Q6KLinear
 from tokenmill.quant.linear import LM_HEAD, empty_quant_linear, replace_linears
 from tokenmill.quant.method import QuantMethod
+from tokenmill.quant.q5_0 import Q50Linear
 from tokenmill.quant.weight_source import GGUFBlocks, GGUFTensor, GGUFTensorReader, WeightSource
 
 GGUF_BLOCK = 32
@@ -41,7 +48,7 @@ _INT8 = {"kind": "int8", "group_size": GGUF_BLOCK}
 _INT4 = {"kind": "int4", "group_size": GGUF_BLOCK}
 _FORMATS: dict[GGMLQuantizationType, dict[str, Any]] = {
     GGMLQuantizationType.Q8_0: _INT8,
-    GGMLQuantizationType.Q5_0: _INT8,
+    GGMLQuantizationType.Q5_0: {"kind": Q50Linear.kind},
     GGMLQuantizationType.Q4_0: _INT4,
     GGMLQuantizationType.Q4_1: _INT4,
     GGMLQuantizationType.Q4_K: {"kind": Q4KLinear.kind},
@@ -50,6 +57,14 @@ _FORMATS: dict[GGMLQuantizationType, dict[str, Any]] = {
 }
 # The k-quants, whose rows the q5_k layout holds alike.
 _K_QUANTS = {GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K}
+# The types int8 in groups of 32 holds alike (Q5_0 at 8.5 bits a weight instead of 5.5).
+_INT8_HELD = {GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q5_0}
+# TOKENMILL_GGUF_Q5_0=int8 holds every Q5_0 tensor as int8, the baseline of its own kernel.
+Q5_0_ENV = "TOKENMILL_GGUF_Q5_0"
+# TOKENMILL_GGUF_HEAD=q5_0 re-rounds the LM head into Q5_0 blocks (lossy; unset: the file's).
+HEAD_ENV = "TOKENMILL_GGUF_HEAD"
+# Rows of the head re-rounded at a time, bounding the fp32 temporaries.
+REQUANTIZE_CHUNK_ROWS = 16384
 EMBEDDING = "model.embed_tokens.weight"
 
 logger = logging.getLogger(__name__)
@@ -86,16 +101,24 @@ def plan_gguf_linears(
             sources[LM_HEAD].add(tensor.qtype)
     plan = {}
     unread: dict[str, list[str]] = defaultdict(list)  # type name(s) -> float linears
+    q5_0_as_int8 = os.environ.get(Q5_0_ENV, "").strip().lower() == "int8"
     for name, module in model.named_modules():
         if not isinstance(module, Linear) or name not in sources:
             continue
         formats = {tuple(_FORMATS[t].items()) if t in _FORMATS else None for t in sources[name]}
-        if len(formats) == 1 and None not in formats:
+        if sources[name] <= _INT8_HELD and (len(formats) > 1 or q5_0_as_int8):
+            plan[name] = _INT8
+        elif len(formats) == 1 and None not in formats:
             plan[name] = _FORMATS[next(iter(sources[name]))]
         elif sources[name] <= _K_QUANTS:
             plan[name] = _FORMATS[GGMLQuantizationType.Q5_K]
         else:
             unread[" + ".join(sorted(t.name for t in sources[name]))].append(name)
+    head = os.environ.get(HEAD_ENV, "").strip().lower()
+    if head not in ("", Q50Linear.kind):
+        raise ValueError(f"{HEAD_ENV} must be unset or {Q50Linear.kind!r}, got {head!r}")
+    if head and LM_HEAD in sources:
+        plan[LM_HEAD] = {"kind": Q50Linear.kind}
     for types, names in unread.items():
         logger.warning(
             "gguf: %d linear(s) of %s tensors have no native kernel and run dequantized (%s)",
@@ -112,7 +135,10 @@ def packed_tensor_reader(
     """For `gguf.weights`: repacked blocks for the planned linears, dequantized tensors else."""
 
     def packed(tensor: GGUFTensor, prefix: str, kind: str) -> dict[str, torch.Tensor]:
-        tensors = repack_blocks(gguf.raw_bytes(tensor), tensor.qtype, tensor.shape, kind)
+        if kind == Q50Linear.kind and tensor.qtype != GGMLQuantizationType.Q5_0:
+            tensors = requantize_q5_0(gguf.dequantize(tensor).float())
+        else:
+            tensors = repack_blocks(gguf.raw_bytes(tensor), tensor.qtype, tensor.shape, kind)
         return {prefix + name: packed for name, packed in tensors.items()}
 
     def read(hf_name: str, tensor: GGUFTensor) -> dict[str, torch.Tensor]:
@@ -137,7 +163,8 @@ def repack_blocks(
     rows = int(np.prod(shape[:-1]))
     _, type_size = GGML_QUANT_SIZES[qtype]
     blocks = torch.from_numpy(np.array(raw)).view(rows, -1, type_size)
-    if (kind or _FORMATS[qtype]["kind"]) == Q5KLinear.kind:
+    kind = kind or _FORMATS[qtype]["kind"]
+    if kind == Q5KLinear.kind:
         return _repack_q5_k_layout(blocks, qtype)
     if qtype == GGMLQuantizationType.Q4_K:
         return _repack_q4_k(blocks)
@@ -147,6 +174,10 @@ def repack_blocks(
     if qtype == GGMLQuantizationType.Q8_0:
         values = blocks[:, :, 2:].contiguous().view(torch.int8).view(rows, -1)
         return {"qweight": values, "scales": scales}
+    if qtype == GGMLQuantizationType.Q5_0 and kind == Q50Linear.kind:
+        low = _nibble_halves(blocks[:, :, 6:]).view(rows, -1)
+        qhigh = blocks[:, :, 2:6].reshape(rows, -1)
+        return {"qweight": pack_int4(low), "qhigh": qhigh, "scales": scales}
     if qtype == GGMLQuantizationType.Q5_0:
         # Bit j of the little-endian u32 at byte 2 is value j's fifth bit.
         fifth = (blocks[:, :, 2:6, None] >> torch.arange(8, dtype=torch.uint8)) & 1
@@ -160,6 +191,17 @@ def repack_blocks(
         raise ValueError(f"{qtype.name} blocks have no kernel format")
     codes = _nibble_halves(nibbles).view(rows, -1)  # values in order
     return {"qweight": pack_int4(codes), "scales": scales, "mins": mins}
+
+
+def requantize_q5_0(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A `Q50Linear`'s tensors for the fp32 weight [N, K] (K a multiple of 32), rounded into
+    Q5_0 blocks as llama.cpp rounds them (`gguf.quants`), a chunk of rows at a time."""
+    parts = []
+    for start in range(0, weight.shape[0], REQUANTIZE_CHUNK_ROWS):
+        rows = weight[start : start + REQUANTIZE_CHUNK_ROWS].numpy()
+        raw = quants.quantize(rows, GGMLQuantizationType.Q5_0)
+        parts.append(repack_blocks(raw, GGMLQuantizationType.Q5_0, rows.shape, Q50Linear.kind))
+    return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
 
 
 def _k_scales_mins(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -108,6 +108,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("values"), py::arg("sub_scales"), py::arg("super_scales"),
         py::arg("mins"), py::arg("n"), py::arg("bias"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("q5_0_linear", &tokenmill::q5_0_linear,
+        "y = x W^T + b, W Q5_0 in panels of 8 rows (ops.pack_q5_0_panels), n = W's rows",
+        py::arg("x"), py::arg("values"), py::arg("scales"), py::arg("n"), py::arg("group_size"),
+        py::arg("bias"), py::call_guard<py::gil_scoped_release>());
+  m.def("dequantize_q5_0", &tokenmill::dequantize_q5_0, "Q5_0 weight to float32 [N, K]",
+        py::arg("qweight"), py::arg("qhigh"), py::arg("scales"), py::arg("group_size"),
+        py::arg("in_features"), py::call_guard<py::gil_scoped_release>());
   m.def("quantize_activations", &tokenmill::quantize_activations,
         "float32 rows to int8/int16 blocks of 32: (values, scales, scale * sum of values)",
         py::arg("x"), py::arg("bits"), py::call_guard<py::gil_scoped_release>());
@@ -132,6 +139,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                    return "nf4";
                                  case LinearKernel::Kind::kQ6K:
                                    return "q6_k";
+                                 case LinearKernel::Kind::kQ50:
+                                   return "q5_0";
                                  default:
                                    return "float32";
                                }
@@ -148,6 +157,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                   py::arg("bias"))
       .def_static("nf4", &LinearKernel::nf4, py::arg("codes"), py::arg("qabsmax"),
                   py::arg("second"), py::arg("group_size"), py::arg("bias"))
+      .def_static("q5_0", &LinearKernel::q5_0, py::arg("values"), py::arg("scales"),
+                  py::arg("n"), py::arg("group_size"), py::arg("bias"))
       .def_static("q6_k", &LinearKernel::q6_k, py::arg("values"), py::arg("sub_scales"),
                   py::arg("super_scales"), py::arg("mins"), py::arg("n"), py::arg("bias"));
   using OptionalTensor = std::optional<at::Tensor>;

@@ -67,6 +67,13 @@ LinearKernel LinearKernel::nf4(at::Tensor codes, at::Tensor qabsmax, at::Tensor 
           std::move(bias), {},              n};
 }
 
+LinearKernel LinearKernel::q5_0(at::Tensor values, at::Tensor scales, int64_t n,
+                                int64_t group_size, std::optional<at::Tensor> bias) {
+  TORCH_CHECK(group_size == kQuantBlock, "LinearKernel.q5_0: Q5_0 blocks are groups of 32");
+  return {Kind::kQ50, std::move(values), std::move(scales), {}, group_size, std::move(bias),
+          {},         n};
+}
+
 LinearKernel LinearKernel::q6_k(at::Tensor values, at::Tensor sub_scales,
                                at::Tensor super_scales, std::optional<at::Tensor> mins,
                                int64_t n, std::optional<at::Tensor> bias) {
@@ -102,6 +109,8 @@ void LinearKernel::check(const std::string& name, int64_t k, int64_t n) const {
       return check_nf4_weight(op, weight, scales, mins, n, k, group_size);
     case Kind::kQ6K:
       return check_q6_k_panels(op, weight, scales, super_scales, mins, n, k);
+    case Kind::kQ50:
+      return check_q5_0_panels(op, weight, scales, n, k);
   }
 }
 
@@ -120,6 +129,8 @@ int64_t LinearKernel::scratch_bytes(int64_t m, int64_t k) const {
       return bfloat16_linear_scratch_bytes(m, k);
     case Kind::kQ6K:
       return q6_k_linear_scratch_bytes(m, k);
+    case Kind::kQ50:
+      return q5_0_linear_scratch_bytes(m, k);
   }
   return 0;
 }
@@ -142,6 +153,8 @@ void LinearKernel::run(const at::Tensor& x, const at::Tensor& y, void* scratch) 
       return nf4_linear_team(x, weight, scales, mins, group_size, b, y);
     case Kind::kQ6K:
       return q6_k_linear_team(x, weight, scales, super_scales, mins, b, y, scratch);
+    case Kind::kQ50:
+      return q5_0_linear_team(x, weight, scales, b, y, scratch);
   }
 }
 

@@ -19,10 +19,10 @@ namespace tokenmill {
 // product. A bfloat16 model's layers run on AMX tiles or AVX512-BF16 (pack_bfloat16_weight's
 // copy).
 struct LinearKernel {
-  enum class Kind { kFloat32, kInt8, kInt4, kFp8, kBfloat16, kNf4, kQ6K };
+  enum class Kind { kFloat32, kInt8, kInt4, kFp8, kBfloat16, kNf4, kQ6K, kQ50 };
 
   Kind kind;
-  // float32 [N, K], fp8 codes [N, K], int8 / int4 / Q6_K panels, NF4 codes, or bfloat16 B tiles
+  // float32 [N, K], fp8 codes [N, K], int8 / int4 / Q6_K / Q5_0 panels, NF4 codes, or bfloat16 B tiles
   at::Tensor weight;
   at::Tensor scales;  // NF4: its qabsmax; Q6_K: the sub-block scales
   at::Tensor mins;    // NF4: its `second` (nf4_linear.cpp); Q6_K: the block mins (Q4_K / Q5_K
@@ -43,6 +43,8 @@ struct LinearKernel {
   static LinearKernel bfloat16(at::Tensor packed, int64_t n, std::optional<at::Tensor> bias);
   static LinearKernel nf4(at::Tensor codes, at::Tensor qabsmax, at::Tensor second,
                           int64_t group_size, std::optional<at::Tensor> bias);
+  static LinearKernel q5_0(at::Tensor values, at::Tensor scales, int64_t n, int64_t group_size,
+                           std::optional<at::Tensor> bias);
   static LinearKernel q6_k(at::Tensor values, at::Tensor sub_scales, at::Tensor super_scales,
                            std::optional<at::Tensor> mins, int64_t n,
                            std::optional<at::Tensor> bias);

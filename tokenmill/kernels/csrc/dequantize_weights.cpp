@@ -8,11 +8,13 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <type_traits>
 #include <vector>
 
 #include "fp8.h"
+#include "kquant.h"
 #include "quant.h"
 
 namespace tokenmill {
@@ -97,6 +99,52 @@ at::Tensor dequantize_int8(const at::Tensor& qweight, const at::Tensor& scales,
 at::Tensor dequantize_int4(const at::Tensor& qweight, const at::Tensor& scales,
                            const at::Tensor& mins, int64_t group_size, int64_t in_features) {
   return dequantize<true>("dequantize_int4", qweight, scales, mins, group_size, in_features);
+}
+
+at::Tensor dequantize_q5_0(const at::Tensor& qweight, const at::Tensor& qhigh,
+                           const at::Tensor& scales, int64_t group_size, int64_t k) {
+  const char* op = "dequantize_q5_0";
+  TORCH_CHECK(k > 0, op, ": in_features must be > 0");
+  TORCH_CHECK(group_size == kQuantBlock, op, ": Q5_0 blocks are groups of 32, got ", group_size);
+  TORCH_CHECK(scales.scalar_type() == at::kHalf, op, ": scales must be float16");
+  check_packed_weight(op, qweight, at::kByte, packed_row_bytes(k, true), {scales}, k, group_size);
+  const int64_t n = qweight.size(0), blocks = (k + kQuantBlock - 1) / kQuantBlock;
+  TORCH_CHECK(qhigh.scalar_type() == at::kByte && qhigh.is_contiguous() && qhigh.dim() == 2 &&
+                  qhigh.size(0) == n && qhigh.size(1) == blocks * 4,
+              op, ": qhigh must be contiguous uint8 [", n, ", ", blocks * 4, "]");
+  at::Tensor out = at::empty({n, k}, scales.options().dtype(at::kFloat));
+  const auto* values = qweight.data_ptr<uint8_t>();
+  const auto* high = qhigh.data_ptr<uint8_t>();
+  const auto* d = scales.data_ptr<at::Half>();
+  float* dst = out.data_ptr<float>();
+  const int64_t row_bytes = qweight.size(1);
+  // Byte i of a vector picks byte i / 8 of the 32 fifth bits, then tests its bit i % 8.
+  const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202,
+                                            0x0303030303030303);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < n; ++row) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      int32_t bits;
+      std::memcpy(&bits, high + (row * blocks + b) * 4, sizeof(bits));
+      const __m256i chosen = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(bits), spread),
+                                              bit);
+      const __m256i fifth = _mm256_and_si256(_mm256_cmpeq_epi8(chosen, bit),
+                                             _mm256_set1_epi8(0x10));
+      // q - 16 in -16..15: the products d * (q - 16) then round as gguf.quants' do.
+      const __m256i q = _mm256_sub_epi8(
+          _mm256_or_si256(block_values<true>(values + row * row_bytes, b), fifth),
+          _mm256_set1_epi8(16));
+      const __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+      __m256i q32[4];
+      for (int c = 0; c < 4; ++c)
+        q32[c] = _mm256_cvtepi8_epi32(c % 2 ? _mm_srli_si128(halves[c / 2], 8) : halves[c / 2]);
+      // Adding -0 keeps every product's bits, a -0 (a zero code times a negative d) included.
+      store_block(q32, to_float(d[row * blocks + b]), -0.0f, dst + row * k + b * kQuantBlock,
+                  k - b * kQuantBlock);
+    }
+  }
+  return out;
 }
 
 at::Tensor dequantize_fp8(const at::Tensor& qweight, const at::Tensor& scales) {

@@ -32,6 +32,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kquant.h"
 #include "quant.h"
 #include "simd.h"
 #include "team.h"
@@ -72,6 +73,22 @@ struct Int4Panels {
   // a bandwidth-bound product faster). Over SmolLM2's int4 layer products two panels tie with one
   // at one row of x and win from two rows on.
   static constexpr int64_t kPairMinRows = 2;
+  static constexpr int kCodeOffset = 0;  // the min is a tensor of its own
+  static constexpr bool kFifthBits = false;
+};
+
+// GGUF's Q5_0 kept at its 5.5 bits a weight: int4's nibbles plus a vector of fifth bits a block
+// (quant_panels.inc), codes q in 0..31 and one scale d a block, w = d * (q - 16): int4's
+// arithmetic with the min -16 * d made from the scale (exact in fp32) instead of read.
+template <typename ScaleT>
+struct Q50Panels {
+  using Scale = ScaleT;
+  using Activation = int8_t;
+  static constexpr bool kHasMins = true;
+  static constexpr int64_t kBlockBytes = kPanelRows * kQuantBlock * 5 / 8;
+  static constexpr int64_t kPairMinRows = 2;
+  static constexpr int kCodeOffset = -16;
+  static constexpr bool kFifthBits = true;
 };
 
 template <typename ScaleT>
@@ -83,6 +100,8 @@ struct Int8Panels {
   // On the Q8_0 LM head (49,152 x 576) one panel wins at one and two rows of x, the two are even
   // around three and four, and two panels win from there on.
   static constexpr int64_t kPairMinRows = 3;
+  static constexpr int kCodeOffset = 0;
+  static constexpr bool kFifthBits = false;
 };
 
 template <typename Weights>
@@ -91,7 +110,7 @@ struct Problem {
   const QuantizedRows<typename Weights::Activation>* x;
   const uint8_t* values;    // [panels, blocks * kBlockBytes]
   const Scale* scales;      // [panels, groups, 8]
-  const Scale* mins;        // [panels, groups, 8] for int4, else nullptr
+  const Scale* mins;        // [panels, groups, 8] for int4, else nullptr (q5_0's come from scales)
   const float* bias;        // [n] or nullptr
   float* y;                 // [m, n]
   int64_t m, n, blocks, groups, blocks_per_group;
@@ -219,6 +238,26 @@ void check_int8_panels(const char* op, const at::Tensor& values, const at::Tenso
 void check_int4_panels(const char* op, const at::Tensor& values, const at::Tensor& scales,
                        const at::Tensor& mins, int64_t n, int64_t k, int64_t group_size) {
   check_panels(op, values, Int4Panels<float>::kBlockBytes, {scales, mins}, n, k, group_size);
+}
+
+void check_q5_0_panels(const char* op, const at::Tensor& values, const at::Tensor& scales,
+                       int64_t n, int64_t k) {
+  check_panels(op, values, Q50Panels<float>::kBlockBytes, {scales}, n, k, kQuantBlock);
+}
+
+int64_t q5_0_linear_scratch_bytes(int64_t m, int64_t k) { return scratch_bytes<Q50Panels>(m, k); }
+
+void q5_0_linear_team(const at::Tensor& x, const at::Tensor& values, const at::Tensor& scales,
+                      const float* bias, const at::Tensor& y, void* scratch) {
+  panel_linear_team<Q50Panels>(x, values, scales, nullptr, kQuantBlock, bias, y, scratch);
+}
+
+at::Tensor q5_0_linear(const at::Tensor& x, const at::Tensor& values, const at::Tensor& scales,
+                       int64_t n, int64_t group_size, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(group_size == kQuantBlock, "q5_0_linear: Q5_0 blocks are groups of 32, got ",
+              group_size);
+  return panel_linear<Q50Panels>("q5_0_linear", x, values, scales, std::nullopt, n, group_size,
+                                 bias);
 }
 
 int64_t int8_linear_scratch_bytes(int64_t m, int64_t k) { return scratch_bytes<Int8Panels>(m, k); }
