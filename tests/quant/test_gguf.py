@@ -19,14 +19,7 @@ from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.gguf_model import GGUFModelBlocks, gguf_model_config
 from tokenmill.loader.model_loader import LoadedModel, load_model
 from tokenmill.model.layers import Linear
-from tokenmill.quant.gguf import (
-    HEAD_ENV,
-    Q5_0_ENV,
-    GGUFMethod,
-    plan_gguf_linears,
-    repack_blocks,
-    requantize_q5_0,
-)
+from tokenmill.quant.gguf import Q5_0_ENV, GGUFMethod, plan_gguf_linears, repack_blocks
 from tokenmill.quant.int4 import Int4Linear
 from tokenmill.quant.int8 import Int8Linear
 from tokenmill.quant.linear import QuantLinear
@@ -171,23 +164,6 @@ def test_q5_0_runs_on_its_own_kernel_but_as_int8_under_the_baseline_switch(
     monkeypatch.setenv(Q5_0_ENV, "int8")
     plan = plan_with_types(smollm_path, smollm.model, q5_0)
     assert plan["layers.0.mlp.gate_up_proj"] == {"kind": "int8", "group_size": 32}
-
-
-def test_the_head_switch_rerounds_the_head_into_q5_0_blocks(smollm_path, smollm, monkeypatch):
-    monkeypatch.setenv(HEAD_ENV, "q5_0")
-    plan = plan_with_types(smollm_path, smollm.model, {})
-    assert plan["lm_head"] == {"kind": "q5_0"}
-    assert plan["layers.0.mlp.gate_up_proj"] == {"kind": "int4", "group_size": 32}
-    weight = np.random.default_rng(6).standard_normal((40, 96)).astype(np.float32)
-    tensors = requantize_q5_0(torch.from_numpy(weight))
-    expected = quants.dequantize(quants.quantize(weight, Q.Q5_0), Q.Q5_0)
-    assert torch.equal(dequantize_repacked(tensors, 96), torch.from_numpy(expected))
-
-
-def test_an_unknown_head_type_is_refused(smollm_path, smollm, monkeypatch) -> None:
-    monkeypatch.setenv(HEAD_ENV, "q2_k")
-    with pytest.raises(ValueError, match="TOKENMILL_GGUF_HEAD must be unset or 'q5_0'"):
-        plan_with_types(smollm_path, smollm.model, {})
 
 
 def test_gguf_quantization_needs_a_gguf_file(smollm) -> None:

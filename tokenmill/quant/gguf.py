@@ -16,9 +16,7 @@ with Q8_0 ones all become int8), and parts of several k-quant types take the q5_
 holds each exactly; a linear with a type no kernel reads, or other parts of two formats, stays
 fp32, dequantized as without quantization, and the load logs one line naming the types. A tied
 LM head reads the token embedding's blocks (llama.cpp does the same), while the embedding table
-itself is dequantized for lookups. TOKENMILL_GGUF_HEAD=q5_0 (off by default: the file's own
-blocks) re-rounds the LM head into Q5_0 blocks at load, a lossy trade of its bytes (the largest
-share of a small-model decode step) for its accuracy.
+itself is dequantized for lookups.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from tokenmill.config import ModelConfig
@@ -61,10 +59,6 @@ _K_QUANTS = {GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizat
 _INT8_HELD = {GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q5_0}
 # TOKENMILL_GGUF_Q5_0=int8 holds every Q5_0 tensor as int8, the baseline of its own kernel.
 Q5_0_ENV = "TOKENMILL_GGUF_Q5_0"
-# TOKENMILL_GGUF_HEAD=q5_0 re-rounds the LM head into Q5_0 blocks (lossy; unset: the file's).
-HEAD_ENV = "TOKENMILL_GGUF_HEAD"
-# Rows of the head re-rounded at a time, bounding the fp32 temporaries.
-REQUANTIZE_CHUNK_ROWS = 16384
 EMBEDDING = "model.embed_tokens.weight"
 
 logger = logging.getLogger(__name__)
@@ -114,11 +108,6 @@ def plan_gguf_linears(
             plan[name] = _FORMATS[GGMLQuantizationType.Q5_K]
         else:
             unread[" + ".join(sorted(t.name for t in sources[name]))].append(name)
-    head = os.environ.get(HEAD_ENV, "").strip().lower()
-    if head not in ("", Q50Linear.kind):
-        raise ValueError(f"{HEAD_ENV} must be unset or {Q50Linear.kind!r}, got {head!r}")
-    if head and LM_HEAD in sources:
-        plan[LM_HEAD] = {"kind": Q50Linear.kind}
     for types, names in unread.items():
         logger.warning(
             "gguf: %d linear(s) of %s tensors have no native kernel and run dequantized (%s)",
@@ -135,10 +124,7 @@ def packed_tensor_reader(
     """For `gguf.weights`: repacked blocks for the planned linears, dequantized tensors else."""
 
     def packed(tensor: GGUFTensor, prefix: str, kind: str) -> dict[str, torch.Tensor]:
-        if kind == Q50Linear.kind and tensor.qtype != GGMLQuantizationType.Q5_0:
-            tensors = requantize_q5_0(gguf.dequantize(tensor).float())
-        else:
-            tensors = repack_blocks(gguf.raw_bytes(tensor), tensor.qtype, tensor.shape, kind)
+        tensors = repack_blocks(gguf.raw_bytes(tensor), tensor.qtype, tensor.shape, kind)
         return {prefix + name: packed for name, packed in tensors.items()}
 
     def read(hf_name: str, tensor: GGUFTensor) -> dict[str, torch.Tensor]:
@@ -191,17 +177,6 @@ def repack_blocks(
         raise ValueError(f"{qtype.name} blocks have no kernel format")
     codes = _nibble_halves(nibbles).view(rows, -1)  # values in order
     return {"qweight": pack_int4(codes), "scales": scales, "mins": mins}
-
-
-def requantize_q5_0(weight: torch.Tensor) -> dict[str, torch.Tensor]:
-    """A `Q50Linear`'s tensors for the fp32 weight [N, K] (K a multiple of 32), rounded into
-    Q5_0 blocks as llama.cpp rounds them (`gguf.quants`), a chunk of rows at a time."""
-    parts = []
-    for start in range(0, weight.shape[0], REQUANTIZE_CHUNK_ROWS):
-        rows = weight[start : start + REQUANTIZE_CHUNK_ROWS].numpy()
-        raw = quants.quantize(rows, GGMLQuantizationType.Q5_0)
-        parts.append(repack_blocks(raw, GGMLQuantizationType.Q5_0, rows.shape, Q50Linear.kind))
-    return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
 
 
 def _k_scales_mins(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
