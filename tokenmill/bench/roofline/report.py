@@ -159,8 +159,8 @@ class RooflineReport:
                 f"{row.seconds:.3f}",
                 f"{row.share:.1%}",
                 f"{row.calls}",
-                f"{row.rate:.1f} {row.unit}" if row.bound else "",
-                f"{row.roof:.1f}" if row.bound else "",
+                f"{_figure(row.rate)} {row.unit}" if row.bound else "",
+                _figure(row.roof) if row.bound else "",
                 f"{row.roof_share:.0%}" if row.roof_share is not None else "",
             ]
             for row in self.rows()
@@ -241,6 +241,13 @@ class RooflineReport:
         axes.set_xlabel("%")
         axes.grid(alpha=0.3, axis="x")
         axes.legend(fontsize=8)
+
+
+def _figure(value: float) -> str:
+    """A rate with the digits that matter: 1234, 12.3, 0.012."""
+    if value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.1f}" if value >= 1 else f"{value:.2g}"
 
 
 def _name(row: ClassRow) -> str:
