@@ -140,6 +140,10 @@ def probe(sizes: ProbeSizes = ProbeSizes()) -> Ceilings:
     )
     if os.environ.get("TOKENMILL_AVX512") == "0":
         ceilings.notes.append("TOKENMILL_AVX512=0: the engine's kernels run their AVX2 paths")
+    if ops.amx_available():
+        ceilings.notes.append("the engine's bfloat16 products run on AMX tiles")
+    elif ops.bfloat16_linear_available():
+        ceilings.notes.append("the engine's bfloat16 products run on AVX512-BF16")
     generator = torch.Generator().manual_seed(0)
     shapes = [
         ("decode", sizes.decode_rows, sizes.decode_in, sizes.decode_out),
