@@ -163,27 +163,27 @@ class ClassRecorder:
         if owner is not self.loop_owner:
             self.add(Work(OTHER, "drafter decode loop", "", 0.0, 0.0), sum(op_seconds.values()))
             return
-        for work, share in self._loop_work(args, op_seconds):
-            self.add(work, share, calls=len(self.loop_layers))
+        for work, share, calls in self._loop_work(args, op_seconds):
+            self.add(work, share, calls)
 
     def _loop_work(
         self, args: tuple[Any, ...], op_seconds: dict[str, float]
-    ) -> Iterator[tuple[Work, float]]:
-        """Each kind of the loop's kernels as work, with its time. A product whose layers mix
+    ) -> Iterator[tuple[Work, float, int]]:
+        """Each kind of the loop's kernels as (work, time, layers). A product whose layers mix
         formats (a GGUF file's) splits its time among them by weight bytes."""
         hidden, kv_caches, kv_scales, seq_lens = args[0], args[2], args[3], args[6]
         tokens, element = hidden.shape[0], hidden.element_size()
         layers = self.loop_layers
         for op in LOOP_PRODUCTS:
-            works: dict[str, Work] = {}
+            works: dict[str, tuple[Work, int]] = {}
             for layer in layers:
                 _, kind, k, n, nbytes = next(p for p in layer.products if p[0] == op)
                 work = product(kind, tokens, k, n, nbytes, self.vocab_size)
-                seen = works.get(work.label)
-                works[work.label] = work if seen is None else _merged(seen, work)
-            total = sum(w.bytes for w in works.values()) or 1.0
-            for work in works.values():
-                yield work, op_seconds[op] * work.bytes / total
+                seen, count = works.get(work.label, (None, 0))
+                works[work.label] = (work if seen is None else _merged(seen, work), count + 1)
+            total = sum(w.bytes for w, _ in works.values()) or 1.0
+            for work, count in works.values():
+                yield work, op_seconds[op] * work.bytes / total, count
         first = layers[0]
         kv_element = kv_caches[0].element_size()
         scale_bytes = 4 if kv_scales else 0
@@ -192,20 +192,18 @@ class ClassRecorder:
         flops = 4.0 * first.heads * first.head_dim * lengths
         kv_label = f"{dtype_name(kv_caches[0].dtype)} kv"
         attention = Work(ATTENTION_DECODE, kv_label, dtype_name(hidden.dtype), flops, kv_bytes)
-        yield attention, op_seconds["attention"]
         num = len(layers)
+        yield attention, op_seconds["attention"], num
         kv_row = first.kv_heads * first.head_dim * element
-        yield (
-            Work(KV_STORE, dtype_name(hidden.dtype), "", 0.0, num * 4.0 * tokens * kv_row),
-            (op_seconds["store_kv"]),
-        )
+        store = Work(KV_STORE, dtype_name(hidden.dtype), "", 0.0, num * 4.0 * tokens * kv_row)
+        yield store, op_seconds["store_kv"], num
         row = tokens * first.hidden * element
-        yield Work(NORMS, "rms norm", "", 0.0, num * 2 * 4.0 * row), op_seconds["norm"]
+        yield Work(NORMS, "rms norm", "", 0.0, num * 2 * 4.0 * row), op_seconds["norm"], num
         qk = tokens * (first.heads + first.kv_heads) * first.head_dim * element
-        yield Work(NORMS, "rotary", "", 0.0, num * 2.0 * qk), op_seconds["rotary"]
+        yield Work(NORMS, "rotary", "", 0.0, num * 2.0 * qk), op_seconds["rotary"], num
         gated = tokens * 2 * first.intermediate * element
         activation = "silu and mul" if first.activation == "silu" else "gelu and mul"
-        yield Work(NORMS, activation, "", 0.0, num * 1.5 * gated), op_seconds["activation"]
+        yield Work(NORMS, activation, "", 0.0, num * 1.5 * gated), op_seconds["activation"], num
 
     def classes(self) -> list[ClassTime]:
         return list(self.times.values())
