@@ -15,6 +15,7 @@ ENGINE_COMMANDS = (
     ["bench", "throughput"],
     ["bench", "ablate"],
     ["bench", "anchors"],
+    ["bench", "roofline"],
     ["train-eagle", "--out", "head.safetensors"],
     ["train-medusa", "--out", "heads.safetensors"],
 )

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from tokenmill.kernels import extension
+from tokenmill.kernels import extension, op_timer
 
 
 def native_or(
@@ -24,11 +24,21 @@ def native_or(
     """Turns `native_call(native, *args)` into the op `op(*args)`: `native_call` with the
     extension module when it loaded and `fits(*args)` holds (always, without `fits`), else
     `fallback(*args)`. The op keeps `native_call`'s name, docstring and signature, less its
-    `native` parameter."""
+    `native` parameter. While a profile records (`op_timer`), the op reports its time."""
 
     def decorate(native_call: Callable[..., Any]) -> Callable[..., Any]:
-        def op(*args: Any, **kwargs: Any) -> Any:
+        name = native_call.__name__
+
+        def run(*args: Any, **kwargs: Any) -> Any:
             native = extension.NATIVE
+            if native is None or (fits is not None and not fits(*args, **kwargs)):
+                return fallback(*args, **kwargs)
+            return native_call(native, *args, **kwargs)
+
+        def op(*args: Any, **kwargs: Any) -> Any:
+            if op_timer.RECORDER is not None:  # a profile is on (tokenmill bench roofline)
+                return op_timer.timed_op(name, run, args, kwargs)
+            native = extension.NATIVE  # `run`'s body again: no extra call on the hot path
             if native is None or (fits is not None and not fits(*args, **kwargs)):
                 return fallback(*args, **kwargs)
             return native_call(native, *args, **kwargs)

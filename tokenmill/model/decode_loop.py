@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from tokenmill.kernels import ops
+from tokenmill.kernels import op_timer, ops
 from tokenmill.kv.quantized import KVCache, QuantizedKVCache
 from tokenmill.model.attention import StepMetadata
 from tokenmill.model.gemma3 import Gemma3DecoderLayer, Gemma3ForCausalLM
@@ -82,7 +82,7 @@ class NativeLayers:
         `hidden`, as the Python layers return them: the final norm adds the two."""
         assert meta.decode is not None and meta.slot_mapping is not None
         layers = [meta.for_layer(i) for i in range(len(self.kv_values))]
-        return self.loop.run(
+        args = (
             hidden,
             positions,
             self.kv_values,
@@ -91,6 +91,9 @@ class NativeLayers:
             [layer.decode.block_tables for layer in layers if layer.decode is not None],
             meta.decode.seq_lens,
         )
+        if op_timer.RECORDER is not None:  # a profile is on (tokenmill bench roofline)
+            return op_timer.timed_decode_loop(self, self.loop, args)
+        return self.loop.run(*args)
 
 
 class NativeDecodeLoop:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from tokenmill.cli.bench import ablate, anchors, serve, throughput
+from tokenmill.cli.bench import ablate, anchors, roofline, serve, throughput
 
-BENCH_COMMANDS = (throughput, serve, ablate, anchors)
+BENCH_COMMANDS = (throughput, serve, ablate, anchors, roofline)
 """In the order `tokenmill bench --help` lists them."""
 
 

@@ -195,6 +195,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("head_dim"), py::arg("eps"), py::arg("scale"), py::arg("activation"))
       .def("run", &tokenmill::DecodeLoop::run, py::arg("hidden"), py::arg("positions"),
            py::arg("kv_caches"), py::arg("kv_scales"), py::arg("slot_mappings"),
-           py::arg("block_tables"), py::arg("seq_lens"),
-           py::call_guard<py::gil_scoped_release>());
+           py::arg("block_tables"), py::arg("seq_lens"), py::arg("op_ns") = py::none(),
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly_static("OP_NAMES", [](py::object) {
+        return std::vector<std::string>(std::begin(tokenmill::kLoopOpNames),
+                                        std::end(tokenmill::kLoopOpNames));
+      });
 }

@@ -17,7 +17,10 @@
 
 #include <ATen/ATen.h>
 
+#include <omp.h>
+
 #include <algorithm>
+#include <chrono>
 #include <tuple>
 #include <utility>
 
@@ -200,6 +203,28 @@ void check_caches(const std::vector<at::Tensor>& kv_caches,
   }
 }
 
+// Sums the time since the previous lap into the lap's entry of `ns`; without `ns` (a profile
+// off, or not the first thread) a lap is one branch.
+class OpClock {
+ public:
+  explicit OpClock(int64_t* ns) : ns_(ns), last_(ns == nullptr ? 0 : now()) {}
+  void lap(LoopOp op) {
+    if (ns_ == nullptr) return;
+    const int64_t t = now();
+    ns_[static_cast<int>(op)] += t - last_;
+    last_ = t;
+  }
+
+ private:
+  static int64_t now() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  int64_t* ns_;
+  int64_t last_;
+};
+
 }  // namespace
 
 DecodeLoop::DecodeLoop(std::vector<DecoderLayerWeights> layers, int64_t num_heads,
@@ -251,7 +276,8 @@ DecodeLoop::DecodeLoop(std::vector<DecoderLayerWeights> layers, int64_t num_head
 std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
     const at::Tensor& hidden, const at::Tensor& positions, const std::vector<at::Tensor>& kv_caches,
     const std::vector<at::Tensor>& kv_scales, const std::vector<at::Tensor>& slot_mappings,
-    const std::vector<at::Tensor>& block_tables, const at::Tensor& seq_lens) const {
+    const std::vector<at::Tensor>& block_tables, const at::Tensor& seq_lens,
+    const std::optional<at::Tensor>& op_ns) const {
   const auto num_layers = static_cast<int64_t>(layers_.size());
   check_caches(kv_caches, kv_scales, num_layers, dtype_);
   const bool quantized = !kv_scales.empty();
@@ -341,40 +367,61 @@ std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
   void* scratch = scratch_buffer.data_ptr();
   void* residual_ptr = residual.data_ptr();
   const float eps = static_cast<float>(eps_);
+  int64_t* op_ns_ptr = nullptr;
+  if (op_ns.has_value()) {
+    TORCH_CHECK(op_ns->scalar_type() == at::kLong && op_ns->is_contiguous() &&
+                    op_ns->numel() == static_cast<int64_t>(LoopOp::kCount),
+                "DecodeLoop: op_ns must be a contiguous int64 [", static_cast<int>(LoopOp::kCount),
+                "]");
+    op_ns_ptr = op_ns->data_ptr<int64_t>();
+  }
 
 #pragma omp parallel
   {
+    OpClock clock(omp_get_thread_num() == 0 ? op_ns_ptr : nullptr);
     const at::Tensor* x = &residual;  // each layer's input, before it joins the residual stream
     for (int64_t i = 0; i < num_layers; ++i) {
       const DecoderLayerWeights& layer = layers_[i];
       const at::Tensor* layer_scales = quantized ? &kv_scales[i] : nullptr;
       // The previous layer's output joins the residual stream inside the norm.
       add_rms_norm_team(*x, i == 0 ? nullptr : residual_ptr, layer.input_norm, eps, normed);
+      clock.lap(LoopOp::kNorm);
       layer.qkv.run(normed, qkv, scratch);
+      clock.lap(LoopOp::kQkv);
       if (layer.q_norm.defined()) {
         add_rms_norm_team(q, nullptr, layer.q_norm, eps, q_normed);
         add_rms_norm_team(k, nullptr, layer.k_norm, eps, k_normed);
+        clock.lap(LoopOp::kNorm);
       }
       const at::Tensor& layer_q = layer.q_norm.defined() ? q_normed : q;
       const at::Tensor& layer_k = layer.q_norm.defined() ? k_normed : k;
       rotary_embedding_team(pos, layer_q, layer_k, layer.cos, layer.sin);
+      clock.lap(LoopOp::kRotary);
       store_kv_team(kv_caches[i], layer_scales, slots[i], layer_k, v);
+      clock.lap(LoopOp::kStoreKv);
       paged_decode_attention_team(layer_q, kv_caches[i], layer_scales, tables[i], lens, scale_,
                                   layer.window, attended, scratch);
+      clock.lap(LoopOp::kAttention);
       layer.o.run(attended, projected, scratch);
+      clock.lap(LoopOp::kO);
       const at::Tensor* attention_out = &projected;
       if (layer.attention_out_norm.defined()) {
         add_rms_norm_team(projected, nullptr, layer.attention_out_norm, eps, post_normed);
         attention_out = &post_normed;
       }
       add_rms_norm_team(*attention_out, residual_ptr, layer.mlp_norm, eps, normed);
+      clock.lap(LoopOp::kNorm);
       layer.gate_up.run(normed, gate_up, scratch);
+      clock.lap(LoopOp::kGateUp);
       gated_activation_team(activation_, gate_up, activated);
+      clock.lap(LoopOp::kActivation);
       layer.down.run(activated, down, scratch);
+      clock.lap(LoopOp::kDown);
       x = &down;
       if (layer.mlp_out_norm.defined()) {
         add_rms_norm_team(down, nullptr, layer.mlp_out_norm, eps, post_normed);
         x = &post_normed;
+        clock.lap(LoopOp::kNorm);
       }
     }
   }

@@ -79,6 +79,17 @@ struct DecoderLayerWeights {
   at::Tensor mlp_out_norm;
 };
 
+// The loop's kernels by kind, for a profile of its time (DecodeLoop::run's `op_ns`): Gemma's extra
+// norms count as kNorm.
+enum class LoopOp : int {
+  kNorm, kQkv, kRotary, kStoreKv, kAttention, kO, kGateUp, kActivation, kDown, kCount
+};
+constexpr const char* kLoopOpNames[] = {"norm", "qkv",     "rotary",     "store_kv", "attention",
+                                        "o",    "gate_up", "activation", "down"};
+static_assert(sizeof(kLoopOpNames) / sizeof(kLoopOpNames[0]) ==
+                  static_cast<size_t>(LoopOp::kCount),
+              "one name per LoopOp");
+
 class DecodeLoop {
  public:
   DecodeLoop(std::vector<DecoderLayerWeights> layers, int64_t num_heads, int64_t num_kv_heads,
@@ -90,12 +101,15 @@ class DecodeLoop {
   // `slot_mappings` entry and reads through its own `block_tables` entry (the layers of one
   // KV-cache group pass the same tensors). Returns
   // (last layer's output, residual stream before it), which the final norm adds together.
+  // With `op_ns` (int64 [LoopOp::kCount]), each kind of kernel's wall time in nanoseconds is
+  // added to its entry, read by the first thread after the barrier that ends each kernel.
   std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& hidden, const at::Tensor& positions,
                                          const std::vector<at::Tensor>& kv_caches,
                                          const std::vector<at::Tensor>& kv_scales,
                                          const std::vector<at::Tensor>& slot_mappings,
                                          const std::vector<at::Tensor>& block_tables,
-                                         const at::Tensor& seq_lens) const;
+                                         const at::Tensor& seq_lens,
+                                         const std::optional<at::Tensor>& op_ns = {}) const;
 
  private:
   std::vector<DecoderLayerWeights> layers_;

@@ -1,0 +1,53 @@
+"""`bench roofline`'s probe: positive rates for what the machine runs, a note for what it lacks."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenmill.bench.roofline.probe import CPU_FEATURES, QUICK_SIZES, cpu_features, probe
+from tokenmill.kernels import ops
+
+
+@pytest.fixture(scope="module")
+def ceilings():
+    return probe(QUICK_SIZES)
+
+
+def test_bandwidth_and_every_rate_it_measured_are_positive(ceilings):
+    assert ceilings.dram_read_gbps > 0 and ceilings.threads >= 1
+    measured = [rate for rate in ceilings.rates if not rate.skipped]
+    assert {rate.dtype for rate in measured} >= {"float32", "bfloat16"}
+    assert all(rate.gflops > 0 and rate.weight_gbps > 0 for rate in measured)
+
+
+def test_each_dtype_has_decode_and_prefill_shapes(ceilings):
+    shapes = {(rate.dtype, rate.kernel, rate.shape) for rate in ceilings.rates}
+    for dtype, kernel in [("float32", "torch"), ("bfloat16", "torch"), ("int8", "tokenmill")]:
+        assert {(dtype, kernel, "decode"), (dtype, kernel, "prefill")} <= shapes
+
+
+def test_the_compute_roof_of_a_dtype_is_its_best_rate(ceilings):
+    best = max(r.gflops for r in ceilings.rates if r.dtype == "float32" and not r.skipped)
+    assert ceilings.compute_gflops("float32") == best
+    assert ceilings.compute_gflops("fp4") == 0.0
+
+
+def test_the_engines_kernels_are_skipped_with_a_note_without_the_extension(monkeypatch):
+    monkeypatch.setattr(ops, "_NATIVE", None)  # the torch kernels, as on a CPU without AVX2
+    ceilings = probe(QUICK_SIZES)
+    engine_rates = [rate for rate in ceilings.rates if rate.kernel == "tokenmill"]
+    assert engine_rates and all(rate.skipped for rate in engine_rates)
+    assert all(rate.seconds > 0 for rate in ceilings.rates if rate.kernel == "torch")
+    assert ceilings.kernels == "torch" and ceilings.notes
+
+
+def test_the_bfloat16_kernel_is_skipped_where_the_cpu_has_no_bfloat16_products(monkeypatch):
+    monkeypatch.setattr(ops, "bfloat16_linear_available", lambda: False)
+    ceilings = probe(QUICK_SIZES)
+    bf16 = [r for r in ceilings.rates if r.dtype == "bfloat16" and r.kernel == "tokenmill"]
+    assert bf16 and all("AVX512-BF16" in rate.skipped for rate in bf16)
+    assert any("AVX512-BF16" in note for note in ceilings.notes)
+
+
+def test_cpu_features_are_among_the_known_ones():
+    assert set(cpu_features()) <= set(CPU_FEATURES)
