@@ -212,7 +212,10 @@ def _run_tokenmill(
     for name, requests in as_ids.items():
         run_throughput(engine, requests[:1], "warm-up", use_tqdm=False)
         measured = run_throughput(engine, requests, f"tokenmill {name}")
-        notes = f"{base.dtype}, {base.kv_cache} KV, {base.scheduler} batching, threads={threads}"
+        weights = (
+            f"{base.dtype}, quantization={base.quantization}" if base.quantization else base.dtype
+        )
+        notes = f"{weights}, {base.kv_cache} KV, {base.scheduler} batching, threads={threads}"
         results.append(
             AnchorResult(
                 "tokenmill",
