@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tokenmill.bench.anchors import AnchorOptions, run_anchors
+from tokenmill.bench.anchors import AnchorOptions, check_token_ids, run_anchors
+from tokenmill.bench.workloads import BenchRequest, load_workload
 from tokenmill.config import EngineArgs
+from tokenmill.loader.gguf_file import GGUFFile
+from tokenmill.loader.gguf_model import gguf_model_config
+from tokenmill.loader.hf_dir import hf_model_config
+from tokenmill.loader.resolve import resolve_model
+from tokenmill.loader.tokenizer import Tokenizer
 
 
 def test_transformers_beside_tokenmill_and_a_refused_llama_cpp(
@@ -63,3 +69,55 @@ def test_unknown_engine_is_refused_before_anything_runs(tmp_path):
 def test_bad_options_name_the_field(tmp_path, field, value, message):
     with pytest.raises(ValueError, match=message):
         AnchorOptions(cache_dir=tmp_path, **{field: value})
+
+
+def test_token_ids_outside_the_models_vocabulary_are_refused_naming_the_request():
+    workloads = {"w": [BenchRequest([5, 6], None, 1), BenchRequest([7, 49152], None, 1)]}
+    check_token_ids(workloads, 49153)
+    with pytest.raises(ValueError, match="workload w: request 1 holds token id 49152"):
+        check_token_ids(workloads, 49152)
+
+
+def test_builtin_workload_ids_lie_below_gemmas_own_vocabulary():
+    vocab_size = gguf_model_config(GGUFFile(resolve_model("gemma3-270m"))).vocab_size
+    check_token_ids({name: load_workload(name) for name in ("batch64", "single")}, vocab_size)
+
+
+def test_gemma_runs_on_transformers_from_the_directory_exported_from_its_gguf(
+    tokenmill_cli, tiny_workload, tiny_requests, tmp_path
+):
+    """The HF directory carries Gemma's own config (architecture, vocabulary, sliding window,
+    tied head) and tokenizer, read from the GGUF: transformers runs it, and tokenmill reads it
+    back to the GGUF's config and tokens."""
+    cache = tmp_path / "cache"
+    out = tmp_path / "anchors.json"
+    result = tokenmill_cli(
+        *("bench", "anchors", "--model", "gemma3-270m", "--engines", "transformers"),
+        *("--workloads", str(tiny_workload), "--python", f"transformers={sys.executable}"),
+        *("--threads", "1", "--cache-dir", str(cache), "--json", str(out), "--no-install"),
+        *("--kv-cache-memory", "64MiB"),
+    )
+    assert result.returncode == 0, result.stderr
+    by_engine = {r["engine"]: r for r in json.loads(out.read_text())["results"]}
+    assert by_engine["transformers"]["output_tokens"] == sum(r["max_tokens"] for r in tiny_requests)
+
+    gguf = GGUFFile(resolve_model("gemma3-270m"))
+    (exported,) = (cache / "models").iterdir()
+    config = hf_model_config(exported)
+    assert config == gguf_model_config(gguf)
+    assert config.architecture == "Gemma3ForCausalLM" and config.tie_word_embeddings
+    theirs = Tokenizer.from_pretrained_dir(exported)
+    ours = Tokenizer.from_gguf_metadata(gguf.metadata)
+    assert theirs.chat_template == ours.chat_template
+    assert "<start_of_turn>" in theirs.chat_template
+    text = "<start_of_turn>user\nHi there<end_of_turn>\n"
+    assert theirs.encode(text) == ours.encode(text)
+
+
+def test_setup_only_without_install_names_what_is_missing(tokenmill_cli, tmp_path):
+    result = tokenmill_cli(
+        *("bench", "anchors", "--engines", "llama-bench", "--setup-only", "--no-install"),
+        *("--cache-dir", str(tmp_path)),
+    )
+    assert result.returncode == 2
+    assert "no llama-server" in result.stderr and "--no-install" in result.stderr

@@ -259,3 +259,17 @@ def test_pretrained_dir_loads_like_the_gguf(
     assert loaded.chat_template == smollm.chat_template
     text = "Hi <|im_start|> 😀 there"
     assert loaded.encode(text) == smollm_oracle.encode(text)
+
+
+def test_saved_gemma_tokenizer_gives_transformers_the_same_ids_bos_included(
+    tmp_path: Path, gemma: Tokenizer
+) -> None:
+    """What `tokenmill export-hf` writes: transformers adds BOS from the file, tokenmill by rule,
+    and tokenmill reads its own file back unchanged."""
+    gemma.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "gemma3_text"}')
+    theirs = AutoTokenizer.from_pretrained(str(tmp_path))
+    text = "<start_of_turn>user\nHi there, 112 steps<end_of_turn>\n"
+    assert gemma.encode(text)[0] == gemma.bos_token_id
+    assert theirs.encode(text) == gemma.encode(text)
+    assert Tokenizer.from_pretrained_dir(tmp_path).encode(text) == gemma.encode(text)

