@@ -88,12 +88,14 @@ class DecodeLoop {
   // `slot_mappings` entry and reads through its own `block_tables` entry (the layers of one
   // KV-cache group pass the same tensors). Returns
   // (last layer's output, residual stream before it), which the final norm adds together.
+  // `key_mask`: paged_decode_attention_team's, the same for every layer (a draft tree's).
   std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& hidden, const at::Tensor& positions,
                                          const std::vector<at::Tensor>& kv_caches,
                                          const std::vector<at::Tensor>& kv_scales,
                                          const std::vector<at::Tensor>& slot_mappings,
                                          const std::vector<at::Tensor>& block_tables,
-                                         const at::Tensor& seq_lens) const;
+                                         const at::Tensor& seq_lens,
+                                         const std::optional<at::Tensor>& key_mask) const;
 
  private:
   std::vector<DecoderLayerWeights> layers_;
