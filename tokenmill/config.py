@@ -194,7 +194,7 @@ class EngineArgs:
     draft_sampling: str = "argmax"
     speculative_disable_batch_size: int | None = 4
     speculative_adaptive_k: bool = True
-    speculative_tree: bool = True  # medusa: verify a tree of the heads' candidates, not a chain
+    speculative_tree: bool = True  # medusa, eagle: verify a tree of candidates, not a chain
 
     @property
     def prepack_batch_hint(self) -> int | None:

@@ -40,6 +40,16 @@ def depths(parents: Sequence[int]) -> list[int]:
     return result
 
 
+def path_flags(parents: Sequence[int]) -> list[tuple[bool, ...]]:
+    """For each draft i, i + 1 flags over drafts 0..i: which of them lie on its path from the
+    root (its ancestors and itself), the keys its row of the verify pass sees among them."""
+    rows: list[tuple[bool, ...]] = []
+    for i, parent in enumerate(parents):
+        above = rows[parent] + (False,) * (i - parent - 1) if parent >= 0 else (False,) * i
+        rows.append((*above, True))
+    return rows
+
+
 def path_to(parents: Sequence[int], node: int) -> list[int]:
     """The drafts from a child of the root down to `node` (none for the root, -1)."""
     path: list[int] = []

@@ -61,7 +61,8 @@ torch.save(outputs, sys.argv[1])
 # Decode attention over float32, bfloat16, int8 and fp8 caches for groups of 3, 8 (two runs of
 # the AVX-512 path's 4 heads), 1 and 5 query heads, head dims of 64, 256, 80 and 48 (columns in
 # runs of 64 and of 16), 7 sequences (a work item per KV head) and 14 (per sequence), with and
-# without a sliding window; inputs and outputs saved to argv[1].
+# without a sliding window, with and without a key mask (a draft tree's); inputs and outputs
+# saved to argv[1].
 ATTENTION = """
 import sys, torch
 from tokenmill.kernels import ops
@@ -78,16 +79,18 @@ for heads, kv_heads, dim, copies in ((9, 3, 64, 1), (9, 3, 64, 2), (8, 1, 256, 1
     q = torch.randn(len(lens), heads, dim, generator=gen)
     codes = {dtype: ops.quantize_kv_reference(cache, dtype)
              for dtype in (torch.int8, torch.float8_e4m3fn)}
-    for window in (0, 17):
+    tree_mask = torch.rand(len(lens), 6, generator=gen) < 0.5
+    tree_mask[:, -1] = True
+    for window, mask in ((0, None), (17, None), (0, tree_mask), (17, tree_mask)):
         outputs = {
-            "float32": native.paged_decode_attention(q, cache, tables, lens, 0.125, window),
+            "float32": native.paged_decode_attention(q, cache, tables, lens, 0.125, window, mask),
             "bfloat16": native.paged_decode_attention(
-                q.bfloat16(), cache.bfloat16(), tables, lens, 0.125, window),
+                q.bfloat16(), cache.bfloat16(), tables, lens, 0.125, window, mask),
         }
         for dtype, (values, scales) in codes.items():
             outputs[str(dtype)] = native.paged_decode_attention_quantized(
-                q, values, scales, tables, lens, 0.125, window)
-        cases.append((q, cache, codes, tables, lens, window, outputs))
+                q, values, scales, tables, lens, 0.125, window, mask)
+        cases.append((q, cache, codes, tables, lens, window, mask, outputs))
 torch.save(cases, sys.argv[1])
 """
 
@@ -111,18 +114,18 @@ def test_avx512_paths_give_the_avx2_kernels_bits(tmp_path: Path) -> None:
 @pytest.mark.parametrize("avx512", ["0", "1"], ids=["avx2", "avx512"])
 def test_both_attention_paths_match_the_reference(tmp_path: Path, avx512: str) -> None:
     cases = _run(ATTENTION, tmp_path / "attention.pt", avx512)
-    assert len(cases) == 10
-    for q, cache, codes, tables, lens, window, outputs in cases:
-        exact = ops.paged_decode_attention_reference(q, cache, tables, lens, 0.125, window)
+    assert len(cases) == 20
+    for q, cache, codes, tables, lens, window, mask, outputs in cases:
+        exact = ops.paged_decode_attention_reference(q, cache, tables, lens, 0.125, window, mask)
         assert (outputs["float32"] - exact).abs().max().item() < 1e-5
         # A bfloat16 query and cache, widened exactly, give the float32 result rounded once.
         widened = ops.paged_decode_attention_reference(
-            q.bfloat16().float(), cache.bfloat16().float(), tables, lens, 0.125, window
+            q.bfloat16().float(), cache.bfloat16().float(), tables, lens, 0.125, window, mask
         )
         rounding = widened.abs() * 2.0**-8 + 1e-6
         assert ((outputs["bfloat16"].float() - widened).abs() <= rounding).all()
         for dtype, (values, scales) in codes.items():
             expected = ops.paged_decode_attention_quantized_reference(
-                q, values, scales, tables, lens, 0.125, window
+                q, values, scales, tables, lens, 0.125, window, mask
             )
             assert (outputs[str(dtype)] - expected).abs().max().item() < 1e-5

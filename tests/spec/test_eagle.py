@@ -1,5 +1,5 @@
-"""EAGLE drafting in the engine: the shipped head leaves greedy output unchanged and drafts
-well enough to matter; a head that does not fit is refused clearly."""
+"""EAGLE drafting in the engine, as a chain: the shipped head leaves greedy output unchanged and
+drafts well enough to matter; a head that does not fit is refused clearly."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tokenmill.spec.setup import eagle_head_path
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32)
 SHIPPED = PACKAGED_HEADS["smollm2-135m-instruct"]
+CHAIN = {"speculative_method": "eagle", "speculative_tree": False}  # trees: test_eagle_tree.py
 
 
 def test_the_default_model_finds_its_shipped_head(smollm_path):
@@ -38,7 +39,7 @@ def test_greedy_tokens_equal_plain_decoding_and_drafts_are_accepted(runner):
         "The quick brown fox",
     ]
     expected = runner.tokens(prompts, GREEDY)
-    engine = runner.engine(speculative_method="eagle")
+    engine = runner.engine(**CHAIN)
     outputs = runner.run(engine, prompts, GREEDY)
     assert [out.outputs[0].token_ids for out in outputs] == expected
     stats = engine.scheduler.stats
@@ -50,7 +51,7 @@ def test_the_head_drafts_the_same_through_the_native_loop_as_in_python(runner):
     prompts = [runner.chat("Explain how a refrigerator keeps food cold.")]
     counts = []
     for native in (True, False):
-        engine = runner.engine(speculative_method="eagle")
+        engine = runner.engine(**CHAIN)
         proposer = engine.runner.proposer
         assert proposer.native is not None
         if not native:
@@ -84,8 +85,8 @@ def test_seeded_sampling_with_eagle_equals_plain_decoding_across_preemption(runn
     prompts = [runner.chat(f"Tell me about {topic}.") for topic in ("rivers", "owls", "clocks")]
     params = SamplingParams(temperature=0.8, seed=11, max_tokens=24)
     expected = runner.tokens(prompts, params)
-    memory = 5 * 16 * runner.engine(speculative_method="eagle").kv_bytes_per_token
-    engine = runner.engine(speculative_method="eagle", kv_cache_memory=memory)
+    memory = 5 * 16 * runner.engine(**CHAIN).kv_bytes_per_token
+    engine = runner.engine(**CHAIN, kv_cache_memory=memory)
     outputs = runner.run(engine, prompts, params)
     assert engine.scheduler.stats.num_preemptions > 0
     assert [out.outputs[0].token_ids for out in outputs] == expected

@@ -175,7 +175,8 @@ def _add_speculative_args(parser: argparse.ArgumentParser, defaults: dict) -> No
         "--speculative-tree",
         action=argparse.BooleanOptionalAction,
         default=defaults["speculative_tree"].default,
-        help="medusa: verify a tree of the heads' top candidates (off: their top-1 chain)",
+        help="medusa, eagle: verify a tree of the drafter's top candidates, shaped by its "
+        "confidence (off: its top-1 chain)",
     )
 
 

@@ -2,8 +2,10 @@
 query token per sequence) read through a paged KV cache's block tables.
 
 Native: prefill on AMX tiles (csrc/prefill_attention.cpp), decode over the cache in place with
-an online softmax (csrc/paged_attention.cpp). The references run torch's SDPA; `decode_sdpa`
-also serves the quantized cache's reference (`quantized_kv`).
+an online softmax (csrc/paged_attention.cpp). Decode attention takes an optional key mask
+over each query's last keys: a draft tree's nodes verify as decodes that see only their own
+ancestors. The references run torch's SDPA; `decode_sdpa` also serves the quantized cache's
+reference (`quantized_kv`).
 """
 
 from __future__ import annotations
@@ -106,11 +108,12 @@ def paged_decode_attention_reference(
     seq_lens: torch.Tensor,
     scale: float,
     window: int | None = None,
+    key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Gather each sequence's blocks, then one batched SDPA. The query heads sharing a KV head
     are passed as that head's "query positions", so grouped-query attention never repeats K/V."""
     keys, values = (gather_blocks(cache, block_tables) for cache in kv_cache)
-    return decode_sdpa(q, keys, values, seq_lens, scale, window)
+    return decode_sdpa(q, keys, values, seq_lens, scale, window, key_mask)
 
 
 def _paged_decode_attention_fits(
@@ -120,6 +123,7 @@ def _paged_decode_attention_fits(
     seq_lens: torch.Tensor,
     scale: float,
     window: int | None = None,
+    key_mask: torch.Tensor | None = None,
 ) -> bool:
     return kv_cache.is_contiguous() and float32_or_bfloat16((q, kv_cache))
 
@@ -133,16 +137,22 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     window: int | None = None,
+    key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per sequence, attending over its first `seq_lens[b]` cached positions,
     or with a sliding `window` over only the last `window` of them (Gemma 3's local layers).
+    `key_mask` (bool [B, width]): row b hides the keys among its last `width` whose flag is
+    clear (a draft tree's other branches; its last flag, the query's own key, must be set); a
+    window then spans the last `window` keys the row sees.
 
     q: [B, H, d]; kv_cache: [2, num_blocks, block_size, kv_heads, d] (K then V);
     block_tables: [B, max_blocks] int32/int64; seq_lens: [B] ints in [1, max_blocks * block_size].
     Returns [B, H, d]. Native reads K and V in place through the block tables (no gather copy);
     a bfloat16 model's q and cache too, computing in float32 and rounding the output once.
     """
-    return native.paged_decode_attention(q, kv_cache, block_tables, seq_lens, scale, window or 0)
+    return native.paged_decode_attention(
+        q, kv_cache, block_tables, seq_lens, scale, window or 0, key_mask
+    )
 
 
 def decode_sdpa(
@@ -152,10 +162,11 @@ def decode_sdpa(
     seq_lens: torch.Tensor,
     scale: float,
     window: int | None,
+    key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The decode references' attention once K and V are gathered, `[B * max_blocks *
-    block_size, kv_heads, d]` each: every sequence's first seq_lens[b] rows (its last `window`
-    of them)."""
+    block_size, kv_heads, d]` each: every sequence's first seq_lens[b] rows, less those its
+    `key_mask` row hides (its last `window` of them)."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = keys.shape[-2]
     keys, values = (
@@ -164,8 +175,14 @@ def decode_sdpa(
     position = torch.arange(keys.shape[2])
     lens = seq_lens.reshape(-1, 1).cpu()
     inside = position < lens  # [B, L], True = attend
-    if window:
-        inside &= position >= lens - window
+    if key_mask is not None:
+        width = key_mask.shape[1]
+        masked = (position >= lens - width) & inside
+        offset = (position - (lens - width)).clamp(0, width - 1)
+        inside &= ~masked | key_mask.cpu().gather(1, offset)
+    if window:  # the last `window` keys each row sees
+        seen_from_end = inside.flip(1).cumsum(1).flip(1)
+        inside &= seen_from_end <= window
     grouped = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(
         grouped,

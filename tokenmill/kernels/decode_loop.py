@@ -180,9 +180,10 @@ def decode_loop(
     activation: str,
 ) -> object:
     """A stack of decoder layers run in one call, `activation` "silu" or "gelu_tanh":
-    `.run(hidden, positions, kv_caches, kv_scales, slot_mappings, block_tables, seq_lens)`, the
-    slot mappings and block tables one per layer (shared within a KV-cache group) ->
-    (last layer's output, residual)."""
+    `.run(hidden, positions, kv_caches, kv_scales, slot_mappings, block_tables, seq_lens,
+    key_mask=None, op_ns=None)`, the slot mappings and block tables one per layer (shared within
+    a KV-cache group), the key mask `paged_decode_attention`'s, `op_ns` the per-kernel clock
+    (tokenmill/kernels/op_timer.py) -> (last layer's output, residual)."""
     native = extension.NATIVE
     assert native is not None, "the decode loop exists only with the native kernels"
     return native.DecodeLoop(layers, num_heads, num_kv_heads, head_dim, eps, scale, activation)

@@ -105,9 +105,10 @@ def paged_decode_attention_quantized_reference(
     seq_lens: torch.Tensor,
     scale: float,
     window: int | None = None,
+    key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     keys, vals = (gather_blocks_dequantized(values[i], scales[i], block_tables) for i in (0, 1))
-    return decode_sdpa(q.float(), keys, vals, seq_lens, scale, window).to(q.dtype)
+    return decode_sdpa(q.float(), keys, vals, seq_lens, scale, window, key_mask).to(q.dtype)
 
 
 def _paged_decode_attention_quantized_fits(
@@ -118,6 +119,7 @@ def _paged_decode_attention_quantized_fits(
     seq_lens: torch.Tensor,
     scale: float,
     window: int | None = None,
+    key_mask: torch.Tensor | None = None,
 ) -> bool:
     return (
         values.is_contiguous()
@@ -137,11 +139,12 @@ def paged_decode_attention_quantized(
     seq_lens: torch.Tensor,
     scale: float,
     window: int | None = None,
+    key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`paged_decode_attention` over a quantized cache. Native reads the 8-bit codes in place
     and dequantizes them inside the online softmax (code * the token's scale), so a decode
     streams a quarter of fp32's KV bytes. A bfloat16 q (a bfloat16 model's) gives the float32
     q's result rounded once, on both paths."""
     return native.paged_decode_attention_quantized(
-        q, values, scales, block_tables, seq_lens, scale, window or 0
+        q, values, scales, block_tables, seq_lens, scale, window or 0, key_mask
     )

@@ -45,9 +45,10 @@ class QuantizedKVCache:
         seq_lens: torch.Tensor,
         scale: float,
         window: int | None,
+        key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return ops.paged_decode_attention_quantized(
-            q, self.values, self.scales, block_tables, seq_lens, scale, window
+            q, self.values, self.scales, block_tables, seq_lens, scale, window, key_mask
         )
 
     def gather(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

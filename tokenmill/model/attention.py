@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenmill.draft_tree import depths, is_chain
+from tokenmill.draft_tree import depths, is_chain, path_flags
 from tokenmill.kernels import ops
 from tokenmill.kv.quantized import KVCache, QuantizedKVCache
 
@@ -45,6 +45,11 @@ MAX_DECODE_QUERY = 16
 attends token by token through the paged decode path: each token is a decode whose context
 ends at itself, which is the causal mask for free, and decodes' own kernel and numerics."""
 
+MAX_TREE_QUERY = 65
+"""A chunk ending in a draft tree of up to this many tokens (the root and its drafts) attends
+through the paged decode path too, with a key mask per draft hiding the other branches drafted
+before it; a longer one (a resumed request's prompt with its tree) runs the masked prefill."""
+
 
 @dataclass(frozen=True)
 class DecodeGroup:
@@ -54,6 +59,9 @@ class DecodeGroup:
     token_index: torch.Tensor  # [B] positions of the tokens in the flat batch
     block_tables: torch.Tensor  # [B, max_blocks] their sequences' tables
     seq_lens: torch.Tensor  # [B] context length of each, the token itself included
+    # Draft trees' rows: which of each token's last key_mask.shape[1] keys it sees (a draft
+    # sees its ancestors, not the other branches). None: every token sees its whole context.
+    key_mask: torch.Tensor | None = None  # [B, width] bool
 
 
 @dataclass(frozen=True)
@@ -82,12 +90,18 @@ class AttentionMetadata:
         for n in query_lens:
             starts.append(starts[-1] + n)
         prefills: list[PrefillSegment] = []
-        decode_rows: list[tuple[int, int, int]] = []  # (token, its context length, sequence)
+        decode_rows: list[_DecodeRow] = []
         for i, (q_len, s_len) in enumerate(zip(query_lens, seq_lens, strict=True)):
             cached = s_len - q_len
             parents = draft_trees[i] if draft_trees else ()
             if parents and not is_chain(parents):
                 assert block_tables is not None, "a draft tree is verified over a KV cache"
+                if q_len <= MAX_TREE_QUERY:
+                    flags = [()] * (q_len - len(parents)) + path_flags(parents)
+                    decode_rows += [
+                        _DecodeRow(starts[i] + j, cached + j + 1, i, flags[j]) for j in range(q_len)
+                    ]
+                    continue
                 table = torch.tensor(block_tables[i][: -(-s_len // block_size)], dtype=torch.long)
                 mask, key_positions = _tree_layout(parents, q_len, s_len)
                 prefills.append(
@@ -96,7 +110,7 @@ class AttentionMetadata:
                 continue
             short_over_cache = cached > 0 and q_len <= MAX_DECODE_QUERY
             if block_tables is not None and (q_len == 1 or short_over_cache):
-                decode_rows += [(starts[i] + j, cached + j + 1, i) for j in range(q_len)]
+                decode_rows += [_DecodeRow(starts[i] + j, cached + j + 1, i) for j in range(q_len)]
                 continue
             table = None
             if block_tables is not None and s_len > q_len:
@@ -109,6 +123,26 @@ class AttentionMetadata:
             decode = _decode_group(decode_rows, block_tables, block_size)
         slots = None if slot_mapping is None else torch.tensor(slot_mapping, dtype=torch.long)
         return cls(starts[-1], slots, tuple(prefills), decode)
+
+    @classmethod
+    def for_decodes(
+        cls,
+        seq_lens: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+        block_size: int,
+        slot_mapping: Sequence[int],
+        visible: Sequence[tuple[bool, ...]],
+    ) -> AttentionMetadata:
+        """Every token a decode of its own: token i writes its KV to `slot_mapping[i]` and
+        attends to the first `seq_lens[i]` keys of table `block_tables[i]`, its own last,
+        less those its flags `visible[i]` clear among its last `len(visible[i])` keys (a
+        drafter's tree nodes, which see only their ancestors)."""
+        rows = [
+            _DecodeRow(i, seq_len, i, flags)
+            for i, (seq_len, flags) in enumerate(zip(seq_lens, visible, strict=True))
+        ]
+        slots = torch.tensor(slot_mapping, dtype=torch.long)
+        return cls(len(rows), slots, (), _decode_group(rows, block_tables, block_size))
 
     def for_layer(self, layer: int) -> AttentionMetadata:
         """What layer `layer` reads: this, the same for every layer."""
@@ -166,19 +200,34 @@ def _tree_layout(
     return mask, key_positions
 
 
+@dataclass(frozen=True)
+class _DecodeRow:
+    token: int  # in the flat batch
+    seq_len: int  # its context length, itself included
+    sequence: int
+    visible: tuple[bool, ...] = ()  # a tree draft's flags over its last keys (path_flags)
+
+
 def _decode_group(
-    rows: list[tuple[int, int, int]],
-    block_tables: Sequence[Sequence[int]],
-    block_size: int,
+    rows: list[_DecodeRow], block_tables: Sequence[Sequence[int]], block_size: int
 ) -> DecodeGroup:
-    max_blocks = max(-(-seq_len // block_size) for _, seq_len, _ in rows)
+    max_blocks = max(-(-row.seq_len // block_size) for row in rows)
     table = torch.zeros(len(rows), max_blocks, dtype=torch.long)
-    for r, (_, _, i) in enumerate(rows):
-        used = block_tables[i][:max_blocks]
+    for r, row in enumerate(rows):
+        used = block_tables[row.sequence][:max_blocks]
         table[r, : len(used)] = torch.tensor(used, dtype=torch.long)
-    lens = torch.tensor([seq_len for _, seq_len, _ in rows], dtype=torch.long)
-    index = torch.tensor([token for token, _, _ in rows], dtype=torch.long)
-    return DecodeGroup(index, table, lens)
+    lens = torch.tensor([row.seq_len for row in rows], dtype=torch.long)
+    index = torch.tensor([row.token for row in rows], dtype=torch.long)
+    return DecodeGroup(index, table, lens, _key_mask([row.visible for row in rows]))
+
+
+def _key_mask(visible: list[tuple[bool, ...]]) -> torch.Tensor | None:
+    """Rows' flags over their last keys, right-aligned in one [rows, width] mask (the keys
+    before a row's flags are context it sees); None when no row hides a key."""
+    if all(all(flags) for flags in visible):
+        return None
+    width = max(len(flags) for flags in visible)
+    return torch.tensor([(True,) * (width - len(flags)) + flags for flags in visible])
 
 
 def attention(
@@ -245,9 +294,11 @@ def _decode_attention(
     q: torch.Tensor, kv_cache: KVCache, group: DecodeGroup, scale: float, window: int | None
 ) -> torch.Tensor:
     if isinstance(kv_cache, QuantizedKVCache):
-        return kv_cache.decode_attention(q, group.block_tables, group.seq_lens, scale, window)
+        return kv_cache.decode_attention(
+            q, group.block_tables, group.seq_lens, scale, window, group.key_mask
+        )
     return ops.paged_decode_attention(
-        q, kv_cache, group.block_tables, group.seq_lens, scale, window
+        q, kv_cache, group.block_tables, group.seq_lens, scale, window, group.key_mask
     )
 
 

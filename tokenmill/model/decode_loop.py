@@ -10,9 +10,9 @@ It covers what the native kernels cover: Llama-family and Gemma 3 models whose l
 float32, fp8, int8 or int4 (GGUF, GPTQ, AWQ), or bfloat16 on AMX tiles or AVX512-BF16, over a KV
 cache in the model dtype or int8 / fp8, with Gemma's extra norms, sliding windows and tanh-GELU
 done the Python layers' way; and steps whose tokens all attend to cached context (decodes and
-short speculative chunks), as many as its kernels take (32 with plain float32 or fp8 weights, 64
-with int8 / int4, 256 with packed float32 or bfloat16). Anything else runs layer by layer in
-Python; `decode_loop="python"` is the baseline it is measured against.
+short speculative chunks, draft trees' included), as many as its kernels take (32 with plain
+float32 or fp8 weights, 64 with int8 / int4, 256 with packed float32 or bfloat16). Anything
+else runs layer by layer in Python; `decode_loop="python"` is the baseline it is measured against.
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ class NativeLayers:
             [layer.slot_mapping for layer in layers],
             [layer.decode.block_tables for layer in layers if layer.decode is not None],
             meta.decode.seq_lens,
+            meta.decode.key_mask,
         )
         if op_timer.RECORDER is not None:  # a profile is on (tokenmill bench roofline)
             return op_timer.timed_decode_loop(self, self.loop, args)

@@ -14,6 +14,12 @@ from the target's features, so prefix caching, preemption and rollback cover it 
 draft model. (The head's KV at the last position of a cached block depends on the token after
 the block, so a request that shares the block but not that token drafts slightly worse there;
 its output is unaffected.)
+
+The drafts are a chain (each step's argmax fed back) or, as in EAGLE-2 (Li et al., 2024), a
+tree whose shape follows the head's confidence (tokenmill/spec/eagle_tree.py). After a tree's
+verification the head's KV follows the accepted path as it follows a chain: the runner moves
+the path's target features into chain order, and the next catch-up recomputes the head's KV at
+those positions from them.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from torch import nn
 
 from tokenmill.config import ModelConfig
 from tokenmill.kernels import ops
-from tokenmill.kv.layout import allocate_kv_caches, kv_bytes_per_token
+from tokenmill.kv.layout import allocate_kv_caches, kv_bytes_per_token, slot_mapping
 from tokenmill.loader.model_loader import LoadedModel
 from tokenmill.model.attention import AttentionMetadata
 from tokenmill.model.decode_loop import NativeLayers
@@ -39,6 +45,7 @@ from tokenmill.model.llama import LlamaDecoderLayer
 from tokenmill.quant.int8 import Int8Linear
 from tokenmill.scheduler_output import ScheduledRequest
 from tokenmill.spec.draft_model import paged_chunk_batch
+from tokenmill.spec.eagle_tree import Expand, TreeDraft, draft_trees
 from tokenmill.spec.proposer import num_computed_after, token_ids_between
 
 HEADS_DIR = Path(__file__).parent / "heads"
@@ -153,13 +160,18 @@ class EagleDrafter:
 
 
 class EagleProposer:
-    def __init__(self, drafter: EagleDrafter, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, drafter: EagleDrafter, num_blocks: int, block_size: int, tree: bool = False
+    ) -> None:
+        """`tree`: draft EAGLE-2's dynamic tree of `num_tokens_to_draft` nodes; else a chain."""
         self.drafter = drafter
         self.block_size = block_size
+        self.tree = tree
         dtype = drafter.head.fc.weight.dtype
         (self.kv_cache,) = allocate_kv_caches(drafter.head.config, num_blocks, block_size, dtype)
         self.own_kv_caches = [self.kv_cache]
         self.native = NativeLayers.build([drafter.head.layer], [self.kv_cache])
+        self._parents: dict[str, list[int]] = {}
 
     def propose(
         self,
@@ -174,14 +186,18 @@ class EagleProposer:
                 chunks.append(chunk)
                 features.append(hidden[row : row + chunk.end - chunk.start])
             row += item.num_new_tokens
+        self._parents = {}
         proposals: dict[str, list[int]] = {c.request_id: [] for c in chunks if c.num_to_draft}
         if not chunks:
             return proposals
         with torch.inference_mode():
+            if self.tree:
+                return self._propose_trees(chunks, torch.cat(features))
             predicted = torch.cat(features)
             while chunks:
                 # The first pass catches up on real positions; later ones feed drafts back.
-                predicted, tokens = self._forward(chunks, predicted)
+                predicted, logits = self._forward(chunks, predicted)
+                tokens = self._argmax(logits)
                 chunks = [chunk for chunk in chunks if chunk.num_to_draft]
                 for chunk, token in zip(chunks, tokens, strict=True):
                     proposals[chunk.request_id].append(token)
@@ -198,15 +214,60 @@ class EagleProposer:
         """The head's drafts are argmaxes."""
         return None
 
-    def draft_parents(self, request_id: str) -> None:
-        """Its drafts are chains."""
-        return None
+    def draft_parents(self, request_id: str) -> list[int] | None:
+        """The request's tree from the last `propose`; None for a chain."""
+        return self._parents.get(request_id)
+
+    def _propose_trees(self, chunks: list[_Chunk], features: torch.Tensor) -> dict[str, list[int]]:
+        """Catch up, then grow each drafting request's tree (eagle_tree.draft_trees), feeding
+        its expanded nodes through the head at the positions past its real tokens."""
+        predicted, logits = self._forward(chunks, features)
+        drafting = [chunk for chunk in chunks if chunk.num_to_draft]
+        vocab = self.drafter.head.draft_vocab
+        trees = [TreeDraft(chunk.num_to_draft) for chunk in drafting]
+        draft_trees(trees, predicted, logits, vocab, self._expand(drafting))
+        proposals = {}
+        for chunk, tree in zip(drafting, trees, strict=True):
+            proposals[chunk.request_id], self._parents[chunk.request_id] = tree.best()
+        return proposals
+
+    def _expand(self, chunks: Sequence[_Chunk]) -> Expand:
+        """The head's pass over one round of tree nodes: `(request, fed index, token, depth,
+        visible)` per node, its parent's predicted feature a row of `features`; returns each
+        node's predicted feature and draft logits. A request's j-th fed node sits at position
+        `end + depth - 1`, its KV in the slot of position `end + j` (a lookahead slot the
+        scheduler reserved), and sees the context and its fed ancestors (`visible`)."""
+
+        def expand(
+            nodes: Sequence[tuple[int, int, int, int, tuple[bool, ...]]], features: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            drafter = self.drafter
+            seq_lens, tables, slots, positions = [], [], [], []
+            for request, fed, _, depth, _ in nodes:
+                chunk = chunks[request]
+                seq_lens.append(chunk.end + fed + 1)
+                tables.append(chunk.block_ids)
+                slots += slot_mapping(
+                    chunk.block_ids, self.block_size, chunk.end + fed, chunk.end + fed + 1
+                )
+                positions.append(chunk.end + depth - 1)
+            meta = AttentionMetadata.for_decodes(
+                seq_lens, tables, self.block_size, slots, [node[4] for node in nodes]
+            )
+            ids = torch.tensor([node[2] for node in nodes], dtype=torch.long)
+            embeds = drafter.target.embed_tokens(ids)
+            out = drafter.head(
+                embeds, features, torch.tensor(positions), self.kv_cache, meta, self.native
+            )
+            return out, drafter.scorer(out)
+
+        return expand
 
     def _forward(
         self, chunks: Sequence[_Chunk], features: torch.Tensor
-    ) -> tuple[torch.Tensor, list[int]]:
-        """Run the head over the chunks; the predicted feature and draft at the last position
-        of each chunk that drafts."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the head over the chunks; the predicted feature and draft logits at the last
+        position of each chunk that drafts."""
         drafter = self.drafter
         ids, positions, meta, rows = paged_chunk_batch(
             chunks, [c.next_token_ids for c in chunks], self.block_size
@@ -214,8 +275,10 @@ class EagleProposer:
         embeds = drafter.target.embed_tokens(ids)
         out = drafter.head(embeds, features, positions, self.kv_cache, meta, self.native)
         last = out[rows]
-        best = drafter.scorer(last).argmax(dim=-1)
-        return last, drafter.head.draft_vocab[best].tolist()
+        return last, drafter.scorer(last)
+
+    def _argmax(self, logits: torch.Tensor) -> list[int]:
+        return self.drafter.head.draft_vocab[logits.argmax(dim=-1)].tolist()
 
 
 def _catch_up(item: ScheduledRequest, gained: list[int]) -> _Chunk | None:

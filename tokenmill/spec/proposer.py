@@ -36,8 +36,9 @@ class Proposer(Protocol):
 
     def draft_parents(self, request_id: str) -> list[int] | None:
         """The tree of the request's drafts from the last `propose` (tokenmill/draft_tree.py);
-        None for a chain. Only a drafter without KV of its own drafts trees: the runner moves
-        an accepted path's target KV into place, not a drafter's."""
+        None for a chain. The runner moves an accepted path's target KV and features into
+        chain order, not a drafter's KV: a drafter with KV of its own (EAGLE) recomputes its
+        KV at the path's positions from those features in its next catch-up."""
         ...
 
 

@@ -22,7 +22,7 @@ from tokenmill.spec.proposer import Proposer
 def speculation_policy(args: EngineArgs) -> SpeculationPolicy | None:
     if args.speculative_method is None:
         return None
-    drafts_trees = args.speculative_method == "medusa" and args.speculative_tree
+    drafts_trees = args.speculative_method in ("medusa", "eagle") and args.speculative_tree
     return SpeculationPolicy(
         num_speculative_tokens=args.num_speculative_tokens,
         disable_batch_size=args.speculative_disable_batch_size,
@@ -82,7 +82,7 @@ def build_proposer(
     if isinstance(draft, MedusaDrafter):
         return MedusaProposer(draft, tree=args.speculative_tree)
     if isinstance(draft, EagleDrafter):
-        return EagleProposer(draft, num_blocks, args.block_size)
+        return EagleProposer(draft, num_blocks, args.block_size, tree=args.speculative_tree)
     if draft is not None:
         assert kv_caches is not None
         caches = draft.kv_caches(kv_caches, num_blocks, args.block_size)

@@ -43,7 +43,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &tokenmill::paged_decode_attention,
         "one-token-per-sequence attention read through the block tables", py::arg("q"),
         py::arg("kv_cache"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("scale"),
-        py::arg("window") = 0, py::call_guard<py::gil_scoped_release>());
+        py::arg("window") = 0, py::arg("key_mask") = py::none(),
+        py::call_guard<py::gil_scoped_release>());
   m.def("prefill_attention", &tokenmill::prefill_attention,
         "causal attention of bfloat16 q [n, H, d], the last n of k and v's [S, KVH, d], on AMX",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("window") = 0,
@@ -68,7 +69,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "paged_decode_attention over int8 or fp8 codes dequantized in place by their scales",
         py::arg("q"), py::arg("values"), py::arg("scales"), py::arg("block_tables"),
         py::arg("seq_lens"), py::arg("scale"), py::arg("window") = 0,
-        py::call_guard<py::gil_scoped_release>());
+        py::arg("key_mask") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("silu_and_mul", &tokenmill::silu_and_mul, "silu(x[..., :F]) * x[..., F:]", py::arg("x"),
         py::call_guard<py::gil_scoped_release>());
   m.def("gelu_tanh_and_mul", &tokenmill::gelu_tanh_and_mul,
@@ -195,8 +196,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("head_dim"), py::arg("eps"), py::arg("scale"), py::arg("activation"))
       .def("run", &tokenmill::DecodeLoop::run, py::arg("hidden"), py::arg("positions"),
            py::arg("kv_caches"), py::arg("kv_scales"), py::arg("slot_mappings"),
-           py::arg("block_tables"), py::arg("seq_lens"), py::arg("op_ns") = py::none(),
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("block_tables"), py::arg("seq_lens"), py::arg("key_mask") = py::none(),
+           py::arg("op_ns") = py::none(), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly_static("OP_NAMES", [](py::object) {
         return std::vector<std::string>(std::begin(tokenmill::kLoopOpNames),
                                         std::end(tokenmill::kLoopOpNames));

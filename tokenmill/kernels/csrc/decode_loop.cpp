@@ -277,7 +277,7 @@ std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
     const at::Tensor& hidden, const at::Tensor& positions, const std::vector<at::Tensor>& kv_caches,
     const std::vector<at::Tensor>& kv_scales, const std::vector<at::Tensor>& slot_mappings,
     const std::vector<at::Tensor>& block_tables, const at::Tensor& seq_lens,
-    const std::optional<at::Tensor>& op_ns) const {
+    const std::optional<at::Tensor>& key_mask, const std::optional<at::Tensor>& op_ns) const {
   const auto num_layers = static_cast<int64_t>(layers_.size());
   check_caches(kv_caches, kv_scales, num_layers, dtype_);
   const bool quantized = !kv_scales.empty();
@@ -355,6 +355,8 @@ std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
         check_decode_attention("DecodeLoop", q, kv_caches.front(), block_tables[i], seq_lens);
     max_blocks = std::max(max_blocks, tables[i].size(1));
   }
+  const at::Tensor mask =
+      key_mask.has_value() ? check_key_mask("DecodeLoop", *key_mask, lens) : at::Tensor();
   // One buffer serves each kernel in turn: each ends in the region's barrier before the next.
   int64_t scratch_bytes = decode_attention_scratch_bytes(tokens, num_heads_, head_dim_,
                                                          kv_caches.front().size(2), max_blocks);
@@ -400,7 +402,8 @@ std::tuple<at::Tensor, at::Tensor> DecodeLoop::run(
       store_kv_team(kv_caches[i], layer_scales, slots[i], layer_k, v);
       clock.lap(LoopOp::kStoreKv);
       paged_decode_attention_team(layer_q, kv_caches[i], layer_scales, tables[i], lens, scale_,
-                                  layer.window, attended, scratch);
+                                  layer.window, attended, scratch,
+                                  mask.defined() ? &mask : nullptr);
       clock.lap(LoopOp::kAttention);
       layer.o.run(attended, projected, scratch);
       clock.lap(LoopOp::kO);

@@ -101,6 +101,7 @@ class DecodeLoop {
   // `slot_mappings` entry and reads through its own `block_tables` entry (the layers of one
   // KV-cache group pass the same tensors). Returns
   // (last layer's output, residual stream before it), which the final norm adds together.
+  // `key_mask`: paged_decode_attention_team's, the same for every layer (a draft tree's).
   // With `op_ns` (int64 [LoopOp::kCount]), each kind of kernel's wall time in nanoseconds is
   // added to its entry, read by the first thread after the barrier that ends each kernel.
   std::tuple<at::Tensor, at::Tensor> run(const at::Tensor& hidden, const at::Tensor& positions,
@@ -109,6 +110,7 @@ class DecodeLoop {
                                          const std::vector<at::Tensor>& slot_mappings,
                                          const std::vector<at::Tensor>& block_tables,
                                          const at::Tensor& seq_lens,
+                                         const std::optional<at::Tensor>& key_mask = {},
                                          const std::optional<at::Tensor>& op_ns = {}) const;
 
  private:

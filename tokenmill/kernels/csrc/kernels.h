@@ -24,7 +24,8 @@ at::Tensor bfloat16_linear(const at::Tensor& x, const at::Tensor& packed, int64_
 at::Tensor dequantize_fp8(const at::Tensor& qweight, const at::Tensor& scales);
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                                  double scale, int64_t window);
+                                  double scale, int64_t window,
+                                  const std::optional<at::Tensor>& key_mask);
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              double scale, int64_t window);
 at::Tensor add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
@@ -45,7 +46,8 @@ at::Tensor paged_decode_attention_quantized(const at::Tensor& q, const at::Tenso
                                             const at::Tensor& scales,
                                             const at::Tensor& block_tables,
                                             const at::Tensor& seq_lens, double scale,
-                                            int64_t window);
+                                            int64_t window,
+                                            const std::optional<at::Tensor>& key_mask);
 // The quantized weights in panels of 8 rows (ops.pack_int8_panels / pack_int4_panels), n rows.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& values, const at::Tensor& scales,
                        int64_t n, int64_t group_size, const std::optional<at::Tensor>& bias);

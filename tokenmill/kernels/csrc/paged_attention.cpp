@@ -13,12 +13,17 @@
 // scale multiplies the finished dot product and the value's softmax weight. Over either, a
 // bfloat16 model's query is widened as it is read and the output rounded once. Where the CPU
 // has AVX-512, the same walk runs 16 lanes at a time (paged_attention_avx512.inc).
+//
+// A key mask hides some of each query's last keys: a draft tree's node, verified as a decode
+// whose context ends at its own slot, sees the context, the root and its own ancestors, not
+// the other branches drafted between them. Hidden keys score -inf, so they take no weight.
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <omp.h>
 #include <vector>
@@ -218,6 +223,35 @@ struct BlockWeights {
   float sum;
 };
 
+// The key mask's part of one block: positions [from, block's end) are visible where
+// visible[t - from] holds; visible == nullptr: the mask hides none of the block.
+struct BlockMask {
+  const bool* visible = nullptr;
+  int64_t from = 0;
+};
+
+// Each query's key mask: row b (`width` flags) covers the last `width` keys of its context,
+// [seq_len - width, seq_len) (flags before position 0 unused); a cleared flag hides that key.
+// rows == nullptr: no mask.
+struct KeyMask {
+  const bool* rows = nullptr;
+  int64_t width = 0;
+  const bool* row(int64_t b) const { return rows == nullptr ? nullptr : rows + b * width; }
+};
+
+// The first position a query of `seq_len` keys reads: 0, or with a sliding window (> 0) the
+// position of the window-th last key its mask row (`visible`, `width` flags; nullptr: none)
+// leaves visible. A tree node's hidden keys are other branches, not positions on its path, so
+// its window spans `window` positions of its own path, as a chain's does.
+int64_t window_start(int64_t seq_len, int64_t window, const bool* visible, int64_t width) {
+  if (window <= 0) return 0;
+  const int64_t mask_start = seq_len - (visible == nullptr ? 0 : width);
+  int64_t seen = 0;
+  for (int64_t key = seq_len - 1; key >= std::max<int64_t>(mask_start, 0); --key)
+    if (visible[key - mask_start] && ++seen == window) return key;
+  return std::max<int64_t>(0, mask_start - (window - seen));
+}
+
 // The AVX-512 path: kWideAttention, namespace wide and for_head_runs.
 #include "paged_attention_avx512.inc"
 
@@ -261,12 +295,14 @@ class HeadGroup {
   // read from memory once and used by every head of the group while it is in L1 (on the
   // AVX-512 path, in registers): grouping heads by KV head is what makes GQA cost one read of
   // K and V, not one per query head.
+  // `hidden`: which of the block's positions the key mask hides (BlockMask), if any.
   template <typename Cache>
   void attend_block(const Cache& cache, int64_t block, int64_t first, int64_t tokens,
-                    int64_t kv_head, int64_t next_block, int64_t next_tokens) {
+                    int64_t kv_head, int64_t next_block, int64_t next_tokens,
+                    const BlockMask& hidden) {
     prefetch_block(cache, next_block, 0, std::min(first, next_tokens), kv_head);
     if (wide_) {
-      attend_block_wide(cache, block, first, tokens, kv_head, next_block, next_tokens);
+      attend_block_wide(cache, block, first, tokens, kv_head, next_block, next_tokens, hidden);
       return;
     }
     for (int64_t t = first; t < tokens; t += kKeyTile) {
@@ -275,6 +311,7 @@ class HeadGroup {
       for (int64_t g = 0; g < heads_; ++g)
         _mm_storeu_ps(&weight(g, t), score4(cache, &query_[g * dim_], k));
     }
+    hide(hidden, tokens);
     for (int64_t g = 0; g < heads_; ++g) rebase(g, first, tokens);
     for (int64_t g = 0; g < heads_; ++g)
       add_values(cache, block, first, tokens, kv_head, &weight(g, 0), &acc_[g * dim_]);
@@ -308,17 +345,29 @@ class HeadGroup {
   // attend_block on the AVX-512 path: the query heads in runs of up to kWideHeads.
   template <typename Cache>
   void attend_block_wide(const Cache& cache, int64_t block, int64_t first, int64_t tokens,
-                         int64_t kv_head, int64_t next_block, int64_t next_tokens) {
+                         int64_t kv_head, int64_t next_block, int64_t next_tokens,
+                         const BlockMask& hidden) {
     const int64_t stride = block_size_ + kKeyTile;
     for_head_runs(heads_, [&](int64_t g, auto count) {
       wide::score_block<count.value>(cache, block, first, tokens, kv_head, &query_[g * dim_],
                                      &weight(g, 0), stride, next_block, g == 0 ? next_tokens : 0);
     });
+    hide(hidden, tokens);
     for (int64_t g = 0; g < heads_; ++g) rebase(g, first, tokens);
     for_head_runs(heads_, [&](int64_t g, auto count) {
       wide::add_values<count.value>(cache, block, first, tokens, kv_head, &weight(g, 0), stride,
                                     &acc_[g * dim_]);
     });
+  }
+
+  // Scores of the positions the key mask hides become -inf: weight exp(-inf - max) = 0, and a
+  // block hidden whole before any key was seen leaves the sums as they were (weigh_scores
+  // zeroes the NaN of -inf - -inf, as it zeroes anything below float's range).
+  void hide(const BlockMask& hidden, int64_t tokens) {
+    if (hidden.visible == nullptr) return;
+    for (int64_t t = hidden.from; t < tokens; ++t)
+      if (!hidden.visible[t - hidden.from])
+        for (int64_t g = 0; g < heads_; ++g) weight(g, t) = -std::numeric_limits<float>::infinity();
   }
 
   // Moves head g's sums to the maximum including this block's scores (exp(old - new) is 0 on
@@ -389,12 +438,13 @@ int64_t max_partitions(int64_t max_blocks, int64_t block_size) {
 }
 
 // The blocks a sequence of `seq_len` tokens reads: [first, end), with a sliding window (> 0)
-// only those of its last `window` positions.
+// only those of its last `window` positions (window_start; `visible`: its key mask row).
 struct ContextBlocks {
   int64_t start;  // the first position read
   int64_t first, end;
-  ContextBlocks(int64_t seq_len, int64_t window, int64_t block_size)
-      : start(window > 0 ? std::max<int64_t>(0, seq_len - window) : 0),
+  ContextBlocks(int64_t seq_len, int64_t window, int64_t block_size,
+                const bool* visible = nullptr, int64_t width = 0)
+      : start(window_start(seq_len, window, visible, width)),
         first(start / block_size),
         end((seq_len + block_size - 1) / block_size) {}
   int64_t partitions(int64_t per_partition) const {
@@ -423,8 +473,17 @@ template <typename Cache, typename Q>
 void attend_heads(HeadGroup* states, const Cache& cache, const int64_t* blocks, int64_t seq_len,
                   const ContextBlocks& context, int64_t per_partition, int64_t first_partition,
                   int64_t last_partition, int64_t first_head, int64_t last_head, const Q* query,
-                  float scale, Q* out, int64_t group_stride, PartitionSums partial) {
+                  float scale, Q* out, int64_t group_stride, PartitionSums partial,
+                  const bool* visible, int64_t mask_width) {
   const int64_t block_size = cache.block_size, dim = cache.head_dim;
+  const int64_t mask_start = seq_len - mask_width;
+  // Block i's part of the key mask (none when the mask covers none of its positions).
+  const auto hidden_in = [&](int64_t i) {
+    const int64_t base = i * block_size;
+    if (visible == nullptr || base + block_size <= mask_start) return BlockMask{};
+    const int64_t from = std::max<int64_t>(0, mask_start - base);
+    return BlockMask{visible + (base + from - mask_start), from};
+  };
   const int64_t group = group_stride / dim;
   const int64_t begin = context.first + first_partition * per_partition;
   const int64_t end = std::min(context.end, context.first + last_partition * per_partition);
@@ -442,7 +501,8 @@ void attend_heads(HeadGroup* states, const Cache& cache, const int64_t* blocks, 
     const bool more = i + 1 < end;
     for (int64_t h = first_head; h < last_head; ++h)
       states[h - first_head].attend_block(cache, blocks[i], first_in(i), tokens_in(i), h,
-                                          more ? blocks[i + 1] : 0, more ? tokens_in(i + 1) : 0);
+                                          more ? blocks[i + 1] : 0, more ? tokens_in(i + 1) : 0,
+                                          hidden_in(i));
     if (more && (i + 1 - context.first) % per_partition != 0) continue;
     for (int64_t h = first_head; h < last_head; ++h) {
       if (partial.sums == nullptr)
@@ -498,8 +558,8 @@ void check_tables(const at::Tensor& tables, const at::Tensor& lens, int64_t bloc
 // sums (decode_attention_scratch_bytes).
 template <typename Q, typename Cache>
 void attend_batch(const Cache& cache, const at::Tensor& q, const at::Tensor& tables,
-                  const at::Tensor& lens, double scale, int64_t window, const at::Tensor& out,
-                  float* scratch) {
+                  const at::Tensor& lens, double scale, int64_t window, const KeyMask& mask,
+                  const at::Tensor& out, float* scratch) {
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2), q_stride = q.stride(0);
   const int64_t kv_heads = cache.kv_heads, block_size = cache.block_size;
   const int64_t group = heads / kv_heads, max_blocks = tables.size(1);
@@ -523,7 +583,7 @@ void attend_batch(const Cache& cache, const at::Tensor& q, const at::Tensor& tab
   for (int64_t item = 0; item < batch * head_items * partition_items; ++item) {
     const int64_t b = item / (head_items * partition_items);
     const int64_t first_head = item / partition_items % head_items * heads_per_item;
-    const ContextBlocks context(len[b], window, block_size);
+    const ContextBlocks context(len[b], window, block_size, mask.row(b), mask.width);
     const int64_t used = context.partitions(per_partition);
     const int64_t first_partition = few ? item % partition_items : 0;
     if (first_partition >= used) continue;
@@ -532,13 +592,15 @@ void attend_batch(const Cache& cache, const at::Tensor& q, const at::Tensor& tab
     attend_heads(states.data(), cache, table + b * max_blocks, len[b], context, per_partition,
                  first_partition, few ? first_partition + 1 : used, first_head,
                  first_head + heads_per_item, q_ptr + b * q_stride, static_cast<float>(scale),
-                 out_ptr + b * heads * dim, group * dim, partial);
+                 out_ptr + b * heads * dim, group * dim, partial, mask.row(b), mask.width);
   }
   if (partitions == 1) return;
   std::vector<float> merged(dim);
 #pragma omp for schedule(static)
   for (int64_t r = 0; r < batch * heads; ++r) {
-    const int64_t used = ContextBlocks(len[r / heads], window, block_size).partitions(per_partition);
+    const int64_t b = r / heads;
+    const int64_t used =
+        ContextBlocks(len[b], window, block_size, mask.row(b), mask.width).partitions(per_partition);
     if (used > 1)
       merge_partitions(scratch + r * head_rows, used, dim, merged.data(), out_ptr + r * dim);
   }
@@ -600,6 +662,21 @@ std::pair<at::Tensor, at::Tensor> check_decode_attention(const char* op, const a
   return {tables, lens};
 }
 
+at::Tensor check_key_mask(const char* op, const at::Tensor& key_mask, const at::Tensor& lens) {
+  TORCH_CHECK(key_mask.scalar_type() == at::kBool && key_mask.dim() == 2 &&
+                  key_mask.size(0) == lens.numel() && key_mask.size(1) >= 1,
+              op, ": key_mask must be bool [B, width] with width >= 1");
+  const at::Tensor mask = key_mask.contiguous();
+  const int64_t width = mask.size(1);
+  const bool* rows = mask.data_ptr<bool>();
+  const int64_t* len = lens.data_ptr<int64_t>();
+  for (int64_t b = 0; b < lens.numel(); ++b) {
+    TORCH_CHECK(rows[b * width + width - 1], op, ": key_mask row ", b,
+                " hides the query's own key");
+  }
+  return mask;
+}
+
 int64_t decode_attention_scratch_bytes(int64_t batch, int64_t heads, int64_t dim,
                                        int64_t block_size, int64_t max_blocks) {
   const int64_t partitions = max_partitions(max_blocks, block_size);
@@ -609,13 +686,17 @@ int64_t decode_attention_scratch_bytes(int64_t batch, int64_t heads, int64_t dim
 void paged_decode_attention_team(const at::Tensor& q, const at::Tensor& kv_cache,
                                  const at::Tensor* scales, const at::Tensor& tables,
                                  const at::Tensor& lens, double scale, int64_t window,
-                                 const at::Tensor& out, void* scratch) {
+                                 const at::Tensor& out, void* scratch,
+                                 const at::Tensor* key_mask) {
   auto* partials = static_cast<float*>(scratch);
+  const KeyMask mask = key_mask == nullptr
+                           ? KeyMask{}
+                           : KeyMask{key_mask->data_ptr<bool>(), key_mask->size(1)};
   with_cache(kv_cache, scales, [&](const auto& cache) {
     if (q.scalar_type() == at::kBFloat16)
-      attend_batch<at::BFloat16>(cache, q, tables, lens, scale, window, out, partials);
+      attend_batch<at::BFloat16>(cache, q, tables, lens, scale, window, mask, out, partials);
     else
-      attend_batch<float>(cache, q, tables, lens, scale, window, out, partials);
+      attend_batch<float>(cache, q, tables, lens, scale, window, mask, out, partials);
   });
 }
 
@@ -625,28 +706,32 @@ namespace {
 void run_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                           const at::Tensor* scales, const at::Tensor& tables,
                           const at::Tensor& lens, double scale, int64_t window,
-                          const at::Tensor& out) {
+                          const std::optional<at::Tensor>& key_mask, const at::Tensor& out) {
+  const at::Tensor mask =
+      key_mask.has_value() ? check_key_mask("paged_decode_attention", *key_mask, lens) : at::Tensor();
   const at::Tensor scratch = at::empty(
       {decode_attention_scratch_bytes(q.size(0), q.size(1), q.size(2), kv_cache.size(2),
                                       tables.size(1))},
       q.options().dtype(at::kByte));
   void* partials = scratch.data_ptr();
 #pragma omp parallel
-  paged_decode_attention_team(q, kv_cache, scales, tables, lens, scale, window, out, partials);
+  paged_decode_attention_team(q, kv_cache, scales, tables, lens, scale, window, out, partials,
+                              mask.defined() ? &mask : nullptr);
 }
 
 }  // namespace
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                                  double scale, int64_t window) {
+                                  double scale, int64_t window,
+                                  const std::optional<at::Tensor>& key_mask) {
   TORCH_CHECK(kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kBFloat16,
               "paged_decode_attention: kv_cache must be float32 or bfloat16");
   const auto [tables, lens] =
       check_decode_attention("paged_decode_attention", q, kv_cache, block_tables, seq_lens);
   const at::Tensor qc = q.contiguous();
   at::Tensor out = at::empty_like(qc);
-  run_decode_attention(qc, kv_cache, nullptr, tables, lens, scale, window, out);
+  run_decode_attention(qc, kv_cache, nullptr, tables, lens, scale, window, key_mask, out);
   return out;
 }
 
@@ -656,7 +741,8 @@ at::Tensor paged_decode_attention_quantized(const at::Tensor& q, const at::Tenso
                                             const at::Tensor& scales,
                                             const at::Tensor& block_tables,
                                             const at::Tensor& seq_lens, double scale,
-                                            int64_t window) {
+                                            int64_t window,
+                                            const std::optional<at::Tensor>& key_mask) {
   constexpr const char* kOp = "paged_decode_attention_quantized";
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() &&
                   scales.sizes() == values.sizes().slice(0, 4),
@@ -666,7 +752,7 @@ at::Tensor paged_decode_attention_quantized(const at::Tensor& q, const at::Tenso
   const auto [tables, lens] = check_decode_attention(kOp, q, values, block_tables, seq_lens);
   const at::Tensor qc = q.contiguous();
   at::Tensor out = at::empty_like(qc);
-  run_decode_attention(qc, values, &scales, tables, lens, scale, window, out);
+  run_decode_attention(qc, values, &scales, tables, lens, scale, window, key_mask, out);
   return out;
 }
 

@@ -70,10 +70,17 @@ void store_kv_team(const at::Tensor& kv_cache, const at::Tensor* scales, const a
 // (B, H, d, the cache's block size, the tables' columns) bytes, for a long context's partitions.
 int64_t decode_attention_scratch_bytes(int64_t batch, int64_t heads, int64_t dim,
                                        int64_t block_size, int64_t max_blocks);
+// `key_mask` (check_key_mask's, or nullptr): bool [B, width], row b hiding the keys of
+// [lens[b] - width, lens[b]) whose flag is clear (a draft tree's other branches); a sliding
+// window then spans the last `window` keys the row leaves visible.
 void paged_decode_attention_team(const at::Tensor& q, const at::Tensor& kv_cache,
                                  const at::Tensor* scales, const at::Tensor& tables,
                                  const at::Tensor& lens, double scale, int64_t window,
-                                 const at::Tensor& out, void* scratch);
+                                 const at::Tensor& out, void* scratch,
+                                 const at::Tensor* key_mask = nullptr);
+// A key mask's checks (bool [B, width], each row showing its own last key); returns it
+// contiguous.
+at::Tensor check_key_mask(const char* op, const at::Tensor& key_mask, const at::Tensor& lens);
 
 // The gated MLP's activation: SwiGLU (Llama) or tanh-GELU (Gemma).
 enum class GatedActivation { kSilu, kGeluTanh };

@@ -1,0 +1,120 @@
+"""EAGLE-2's dynamic tree: the shape follows the drafter's confidence (a toy drafter whose next
+token probabilities depend on the token fed), and the shipped head drafting trees leaves greedy
+and seeded output unchanged, alone, in a batch and across preemption, without leaking blocks
+(tests/conftest.py's runner checks every run)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tokenmill.draft_tree import depths, path_to
+from tokenmill.sampling.params import SamplingParams
+from tokenmill.spec.eagle_tree import TreeDraft, draft_trees
+
+VOCAB = torch.tensor([10, 11, 12, 13, 14, 15])  # draft-vocabulary column -> token id
+# The toy drafter's next-token probabilities by the token fed (by column; unlisted: ~0).
+NEXT = {
+    "root": {0: 0.6, 1: 0.3, 2: 0.1},
+    10: {3: 0.9, 4: 0.1},
+    11: {5: 0.6, 3: 0.4},
+    13: {2: 0.7, 4: 0.3},
+    15: {0: 1.0},
+}
+
+
+def logits_after(fed) -> torch.Tensor:
+    row = torch.full((len(VOCAB),), -30.0)
+    for column, prob in NEXT.get(fed, {}).items():
+        row[column] = math.log(prob)
+    return row
+
+
+def toy_tree(size: int, calls: list | None = None) -> TreeDraft:
+    def expand(nodes, features):
+        if calls is not None:
+            calls.append(list(nodes))
+        tokens = [token for _, _, token, _, _ in nodes]
+        return features.clone(), torch.stack([logits_after(t) for t in tokens])
+
+    tree = TreeDraft(size)
+    draft_trees([tree], torch.zeros(1, 4), logits_after("root")[None], VOCAB, expand)
+    return tree
+
+
+def test_the_tree_keeps_the_best_scoring_paths_parents_first():
+    tokens, parents = toy_tree(size=4).best()
+    # scores: 10 (.6), 10-13 (.54), 10-13-12 (.378) and 11 (.3) beat 11-15 (.18)
+    assert tokens == [10, 11, 13, 12]
+    assert parents == [-1, -1, 0, 2]
+    assert depths(parents) == [1, 1, 2, 3]
+
+
+def test_each_round_feeds_the_best_new_candidates_within_the_budget():
+    calls: list = []
+    toy_tree(size=4, calls=calls)
+    fed = [[(token, depth) for _, _, token, depth, _ in nodes] for nodes in calls]
+    assert fed == [[(10, 1), (11, 1)], [(13, 2), (15, 2)]]  # 4 feeds: the size's KV slots
+
+
+def test_a_fed_candidate_sees_exactly_its_fed_ancestors_and_itself():
+    calls: list = []
+    toy_tree(size=4, calls=calls)
+    visible = {token: flags for nodes in calls for _, _, token, _, flags in nodes}
+    assert visible[10] == (True,)
+    assert visible[11] == (False, True)
+    assert visible[13] == (True, False, True)  # fed third, child of 10 (fed first)
+    assert visible[15] == (False, True, False, True)
+
+
+def test_a_confident_drafter_grows_a_deep_chain():
+    tree = TreeDraft(6)
+
+    def expand(nodes, features):
+        return features.clone(), torch.stack([logits_after(15) for _ in nodes])
+
+    draft_trees([tree], torch.zeros(1, 4), logits_after(15)[None], VOCAB, expand)
+    tokens, parents = tree.best()
+    assert tokens == [10] * 6
+    assert path_to(parents, 5) == [0, 1, 2, 3, 4, 5]
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24)
+TREE = {"speculative_method": "eagle", "num_speculative_tokens": 8, "speculative_tree": True}
+
+
+def test_greedy_tokens_equal_plain_decoding_with_a_tree_and_paths_are_accepted(runner):
+    prompts = [
+        runner.chat("Explain how a refrigerator keeps food cold."),
+        runner.chat("Write a haiku about autumn."),
+    ]
+    expected = runner.tokens(prompts, GREEDY)
+    engine = runner.engine(**TREE)
+    outputs = runner.run(engine, prompts, GREEDY)
+    assert [out.outputs[0].token_ids for out in outputs] == expected
+    metrics = outputs[0].metrics.spec_decode
+    assert metrics.num_verify_steps > 0
+    assert metrics.mean_accepted_length > 1.3
+
+
+def test_greedy_batch_of_eight_with_trees_equals_plain_decoding(runner):
+    topics = ("rivers", "owls", "clocks", "bread", "tides", "chess", "bees", "maps")
+    prompts = [runner.chat(f"Tell me about {topic}.") for topic in topics]
+    params = SamplingParams(temperature=0, max_tokens=10)
+    expected = runner.tokens(prompts, params)
+    engine = runner.engine(**TREE, speculative_disable_batch_size=8)
+    assert [o.outputs[0].token_ids for o in runner.run(engine, prompts, params)] == expected
+    assert engine.scheduler.stats.num_verify_steps > 0
+
+
+def test_seeded_sampling_with_trees_equals_plain_decoding_across_preemption(runner):
+    prompts = [runner.chat(f"Tell me about {topic}.") for topic in ("rivers", "owls", "clocks")]
+    params = SamplingParams(temperature=0.8, seed=11, max_tokens=16)
+    expected = runner.tokens(prompts, params)
+    memory = 5 * 16 * runner.engine(**TREE).kv_bytes_per_token
+    engine = runner.engine(**TREE, kv_cache_memory=memory)
+    outputs = runner.run(engine, prompts, params)
+    assert engine.scheduler.stats.num_preemptions > 0
+    assert engine.scheduler.stats.num_verify_steps > 0
+    assert [out.outputs[0].token_ids for out in outputs] == expected
