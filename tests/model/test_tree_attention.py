@@ -86,7 +86,10 @@ def test_attention_over_a_tree_equals_running_each_path_separately(
             root,
         )
         rows = [0, *(1 + i for i in branch)]
-        torch.testing.assert_close(tree[rows], chain, atol=2e-4, rtol=1e-4)
+        # A wrong mask moves outputs by whole units; the tolerance covers only the products'
+        # rounding, which differs between a tree's row count and a chain's once weights are
+        # prepacked (another test's engine prepacks the shared model in place).
+        torch.testing.assert_close(tree[rows], chain, atol=2e-4, rtol=5e-4)
 
 
 @pytest.mark.parametrize("window", [None, 3], ids=["full", "sliding-window"])
