@@ -15,6 +15,7 @@ ENGINE_COMMANDS = (
     ["bench", "throughput"],
     ["bench", "ablate"],
     ["bench", "anchors"],
+    ["train-corpus", "--corpus", "corpus"],
     ["train-eagle", "--out", "head.safetensors"],
     ["train-medusa", "--out", "heads.safetensors"],
 )
