@@ -156,10 +156,10 @@ def target_features(model: torch.nn.Module, token_ids: list[int]) -> torch.Tenso
 
 
 def corpus_features(
-    model: torch.nn.Module, corpus: list[list[int]], directory: Path | None
+    model: torch.nn.Module, corpus: list[list[int]], directory: Path | None, log: bool = False
 ) -> list[torch.Tensor]:
     """`target_features` of every conversation: read from `directory`'s cache when it holds
-    exactly these conversations, else computed (and cached there)."""
+    exactly these conversations, else computed (and cached there); `log` prints progress."""
     token_ids = torch.tensor([t for sequence in corpus for t in sequence], dtype=torch.int32)
     lengths = [len(sequence) for sequence in corpus]
     path = directory / FEATURES if directory is not None else None
@@ -167,7 +167,11 @@ def corpus_features(
         cached = load_file(str(path))
         if torch.equal(cached["token_ids"], token_ids) and cached["lengths"].tolist() == lengths:
             return list(cached["features"].split(lengths))
-    features = [target_features(model, sequence) for sequence in corpus]
+    features = []
+    for number, sequence in enumerate(corpus, start=1):
+        features.append(target_features(model, sequence))
+        if log and number % 64 == 0:
+            print(f"features: {number}/{len(corpus)} conversations", file=sys.stderr, flush=True)
     if path is not None:
         tensors = {
             "features": torch.cat(features),

@@ -163,7 +163,7 @@ def train_eagle(
     started = time.perf_counter()
     corpus = corpus_in(engine, config.corpus, corpus_dir)
     generate_s = time.perf_counter() - started
-    features = corpus_features(target, corpus, corpus_dir)
+    features = corpus_features(target, corpus, corpus_dir, log=corpus_dir is not None)
 
     if config.init is not None:
         head = load_head(config.init, engine.loaded.config, torch.float32).train()

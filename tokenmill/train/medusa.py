@@ -72,7 +72,7 @@ def train_medusa(
     started = time.perf_counter()
     corpus = corpus_in(engine, config.corpus, corpus_dir)
     generate_s = time.perf_counter() - started
-    features = corpus_features(target, corpus, corpus_dir)
+    features = corpus_features(target, corpus, corpus_dir, log=corpus_dir is not None)
     vocab = draft_vocabulary(corpus, config.draft_vocab_size, set(engine.tokenizer.stop_token_ids))
     rows = output_rows(target, vocab).float()
     heads = MedusaHeads(engine.loaded.config.hidden_size, config.num_heads, len(vocab))
