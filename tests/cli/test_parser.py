@@ -16,6 +16,7 @@ ENGINE_COMMANDS = (
     ["bench", "ablate"],
     ["bench", "anchors"],
     ["bench", "roofline"],
+    ["train-corpus", "--corpus", "corpus"],
     ["train-eagle", "--out", "head.safetensors"],
     ["train-medusa", "--out", "heads.safetensors"],
 )

@@ -18,6 +18,7 @@ from tokenmill.cli import (
     quantize,
     router,
     serve,
+    train_corpus,
     train_eagle,
     train_medusa,
 )
@@ -36,6 +37,7 @@ COMMANDS = (
     bench,
     kv_plan,
     quantize,
+    train_corpus,
     train_eagle,
     train_medusa,
     evaluate,

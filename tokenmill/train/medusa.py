@@ -1,8 +1,9 @@
-"""`tokenmill train-medusa`: fit Medusa heads to the target's own greedy answers, on the CPU.
+"""`tokenmill train-medusa`: fit Medusa heads to the target's own answers, on the CPU.
 
-1. The target answers chat prompts (the topic x template set of tokenmill/train/eagle.py, which
-   ships with tokenmill) greedily, all in one batch through the engine: self-distillation,
-   the heads learn what the target itself will say.
+1. The target answers the shipped chat prompts (tokenmill/train/prompts.py), in large batches
+   through the engine: self-distillation, the heads learn what the target itself will say.
+   The corpus (tokenmill/train/corpus.py) is the one `train-eagle` reads; the heads' labels
+   are the target's own distributions, so its sampled answers serve as well as greedy ones.
 2. One forward pass per conversation gives the target's final hidden state at every position.
 3. Head k (from 0) learns, from the hidden state at position p, the target's own distribution
    of the token at p + 2 + k (its logits at p + 1 + k) over the draft vocabulary: a soft
@@ -13,22 +14,21 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from tokenmill.engine.engine import LLMEngine
-from tokenmill.sampling.params import SamplingParams
 from tokenmill.spec.eagle import output_rows
 from tokenmill.spec.medusa import MedusaHeads, save_medusa_heads
-from tokenmill.train.eagle import draft_vocabulary, target_features, training_prompts
+from tokenmill.train.corpus import CorpusConfig, corpus_features
+from tokenmill.train.eagle import corpus_in, draft_vocabulary
 
 
 @dataclass
 class MedusaTrainingConfig:
-    num_prompts: int = 256
-    max_tokens: int = 128
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
     num_heads: int = 3
     draft_vocab_size: int = 8192
     epochs: int = 4
@@ -44,23 +44,6 @@ class MedusaTrainingReport:
     generate_s: float
     train_s: float
     held_out_accuracy: list[float]  # per head: top-1 equals the target's own token
-
-
-def generate_greedy_corpus(engine: LLMEngine, config: MedusaTrainingConfig) -> list[list[int]]:
-    """Prompt and greedy answer token ids of every conversation, generated as one batch."""
-    tokenizer = engine.tokenizer
-    params = SamplingParams(temperature=0.0, max_tokens=config.max_tokens)
-    for index, prompt in enumerate(training_prompts(config.num_prompts, config.seed)):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], True)
-        engine.add_request(
-            f"medusa-{index}", tokenizer.encode(text, add_special_tokens=False), params
-        )
-    corpus: dict[str, list[int]] = {}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            if output.finished:
-                corpus[output.request_id] = [*output.prompt_token_ids, *output.outputs[0].token_ids]
-    return [corpus[key] for key in sorted(corpus, key=lambda k: int(k.split("-")[1]))]
 
 
 def head_examples(
@@ -80,14 +63,16 @@ def head_examples(
 
 
 def train_medusa(
-    engine: LLMEngine, out: Path, config: MedusaTrainingConfig
+    engine: LLMEngine, out: Path, config: MedusaTrainingConfig, corpus_dir: Path | None = None
 ) -> MedusaTrainingReport:
+    """Train on the corpus in `corpus_dir` (generated or completed there first; a temporary
+    directory without one) and write the heads to `out`."""
     torch.manual_seed(config.seed)
     target = engine.loaded.model
     started = time.perf_counter()
-    corpus = generate_greedy_corpus(engine, config)
+    corpus = corpus_in(engine, config.corpus, corpus_dir)
     generate_s = time.perf_counter() - started
-    features = [target_features(target, sequence) for sequence in corpus]
+    features = corpus_features(target, corpus, corpus_dir, log=corpus_dir is not None)
     vocab = draft_vocabulary(corpus, config.draft_vocab_size, set(engine.tokenizer.stop_token_ids))
     rows = output_rows(target, vocab).float()
     heads = MedusaHeads(engine.loaded.config.hidden_size, config.num_heads, len(vocab))
