@@ -120,7 +120,16 @@ def test_read_only_memmap_bytes_dequantize_without_warnings(tmp_path: Path):
     assert_bitwise_equal(result, reference(raw, qtype, shape))
 
 
-@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q5_1, GGMLQuantizationType.IQ4_NL])
+@pytest.mark.parametrize(
+    "qtype", [GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q5_1], ids=lambda t: t.name
+)
+def test_types_only_gguf_decodes_come_out_as_its_reference_in_the_tensors_shape(qtype):
+    raw, (_, cols) = random_blocks(qtype, rows=6, blocks_per_row=2, seed=int(qtype))
+    result = dequant.dequantize(raw, qtype, (2, 3, cols))
+    assert_bitwise_equal(result, reference(raw, qtype, (2, 3, cols)))
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q3_K, GGMLQuantizationType.IQ4_NL])
 def test_uncovered_type_raises_value_error_naming_it(qtype):
     with pytest.raises(ValueError, match=qtype.name):
         dequant.dequantize(np.zeros(GGML_QUANT_SIZES[qtype][1], np.uint8), qtype, (32,))

@@ -22,7 +22,12 @@ NEW_TOKENS = 12
 # Largest gap, in log-probability, between tokenmill's top token and llama.cpp's pick that
 # still counts as a near-tie.
 NEAR_TIE = 0.5
-CASES = [("smollm2-135m-instruct", "q4_k_m"), ("gemma3-270m", "q4_k_m"), ("gemma3-270m", "q6_k")]
+CASES = [
+    ("smollm2-135m-instruct", "q4_k_m"),
+    ("smollm2-135m-instruct", "q5_k_m"),
+    ("gemma3-270m", "q4_k_m"),
+    ("gemma3-270m", "q6_k"),
+]
 
 
 @pytest.fixture(scope="module")

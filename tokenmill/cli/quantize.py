@@ -18,7 +18,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--method",
         required=True,
         choices=[*QUANT_METHODS, *GGUF_MIX_METHODS],
-        help="gguf-q4_k_m / gguf-q6_k: write OUT as a k-quant .gguf file (from a .gguf model)",
+        help="gguf-q4_k_m / gguf-q5_k_m / gguf-q6_k: write OUT as a k-quant .gguf file "
+        "(from a .gguf model)",
     )
     quantize.add_argument("--bits", type=int, default=None, help="the method's only one if unset")
     quantize.add_argument(

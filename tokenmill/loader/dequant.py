@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 # Output elements per chunk: big enough to amortise per-op overhead and use both threads,
 # small enough that a chunk's temporaries stay a few MB however large the tensor.
@@ -26,6 +26,10 @@ def dequantize(
     raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, ...]
 ) -> torch.Tensor:
     """Return the float32 tensor of `shape` stored as `raw` (the tensor's bytes) in `qtype`."""
+    if qtype in _REFERENCE_ONLY:  # rare in files: the `gguf` package's own (slower) decoder
+        with np.errstate(invalid="ignore", over="ignore"):  # inf scales decode as gguf's do
+            values = quants.dequantize(raw.reshape(_num_rows(shape), -1), qtype)
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(shape)
     if qtype not in _BLOCK_DEQUANTIZERS:
         raise ValueError(f"dequantize: unsupported GGUF tensor type {qtype.name}")
     block_size, type_size = GGML_QUANT_SIZES[qtype]
@@ -132,3 +136,11 @@ _BLOCK_DEQUANTIZERS: dict[GGMLQuantizationType, BlockDequantizer] = {
     GGMLQuantizationType.Q4_K: _q4_k,
     GGMLQuantizationType.Q6_K: _q6_k,
 }
+
+# Types a `tokenmill quantize --method gguf-q5_k_m` file holds (Q5_K, and Q5_1 where rows are not
+# whole super-blocks) that have no vectorised decoder here.
+_REFERENCE_ONLY = frozenset({GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q5_1})
+
+
+def _num_rows(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1

@@ -1,5 +1,6 @@
-"""`tokenmill quantize --method gguf-q4_k_m | gguf-q6_k`: a GGUF model rewritten with its weights
-rounded into k-quant blocks (tokenmill.quant.gguf_blocks), metadata and tokenizer copied.
+"""`tokenmill quantize --method gguf-q4_k_m | gguf-q5_k_m | gguf-q6_k`: a GGUF model rewritten
+with its weights rounded into k-quant blocks (tokenmill.quant.gguf_blocks), metadata and
+tokenizer copied.
 
 The source must be a GGUF file (of any types: each tensor is dequantized to fp32, then
 rounded); a Hugging Face directory would need llama.cpp's converter's naming and vocabulary

@@ -36,6 +36,9 @@ SUPPORTED_TENSOR_TYPES = frozenset(
         GGMLQuantizationType.Q5_0,
         GGMLQuantizationType.Q4_K,
         GGMLQuantizationType.Q6_K,
+        # What a `gguf-q5_k_m` file adds (tokenmill.quant.gguf_blocks).
+        GGMLQuantizationType.Q5_K,
+        GGMLQuantizationType.Q5_1,
     }
 )
 
