@@ -1,7 +1,6 @@
 """EAGLE-2's dynamic tree: the shape follows the drafter's confidence (a toy drafter whose next
-token probabilities depend on the token fed), and the shipped head drafting trees leaves greedy
-and seeded output unchanged, alone, in a batch and across preemption, without leaking blocks
-(tests/conftest.py's runner checks every run)."""
+token probabilities depend on the token fed). Engine-level exactness with the shipped head
+drafting trees is tests/spec/test_tree_drafters.py's."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import math
 import torch
 
 from tokenmill.draft_tree import depths, path_to
-from tokenmill.sampling.params import SamplingParams
 from tokenmill.spec.eagle_tree import TreeDraft, draft_trees
 
 VOCAB = torch.tensor([10, 11, 12, 13, 14, 15])  # draft-vocabulary column -> token id
@@ -78,43 +76,3 @@ def test_a_confident_drafter_grows_a_deep_chain():
     tokens, parents = tree.best()
     assert tokens == [10] * 6
     assert path_to(parents, 5) == [0, 1, 2, 3, 4, 5]
-
-
-GREEDY = SamplingParams(temperature=0, max_tokens=24)
-TREE = {"speculative_method": "eagle", "num_speculative_tokens": 8, "speculative_tree": True}
-
-
-def test_greedy_tokens_equal_plain_decoding_with_a_tree_and_paths_are_accepted(runner):
-    prompts = [
-        runner.chat("Explain how a refrigerator keeps food cold."),
-        runner.chat("Write a haiku about autumn."),
-    ]
-    expected = runner.tokens(prompts, GREEDY)
-    engine = runner.engine(**TREE)
-    outputs = runner.run(engine, prompts, GREEDY)
-    assert [out.outputs[0].token_ids for out in outputs] == expected
-    metrics = outputs[0].metrics.spec_decode
-    assert metrics.num_verify_steps > 0
-    assert metrics.mean_accepted_length > 1.3
-
-
-def test_greedy_batch_of_eight_with_trees_equals_plain_decoding(runner):
-    topics = ("rivers", "owls", "clocks", "bread", "tides", "chess", "bees", "maps")
-    prompts = [runner.chat(f"Tell me about {topic}.") for topic in topics]
-    params = SamplingParams(temperature=0, max_tokens=10)
-    expected = runner.tokens(prompts, params)
-    engine = runner.engine(**TREE, speculative_disable_batch_size=8)
-    assert [o.outputs[0].token_ids for o in runner.run(engine, prompts, params)] == expected
-    assert engine.scheduler.stats.num_verify_steps > 0
-
-
-def test_seeded_sampling_with_trees_equals_plain_decoding_across_preemption(runner):
-    prompts = [runner.chat(f"Tell me about {topic}.") for topic in ("rivers", "owls", "clocks")]
-    params = SamplingParams(temperature=0.8, seed=11, max_tokens=16)
-    expected = runner.tokens(prompts, params)
-    memory = 5 * 16 * runner.engine(**TREE).kv_bytes_per_token
-    engine = runner.engine(**TREE, kv_cache_memory=memory)
-    outputs = runner.run(engine, prompts, params)
-    assert engine.scheduler.stats.num_preemptions > 0
-    assert engine.scheduler.stats.num_verify_steps > 0
-    assert [out.outputs[0].token_ids for out in outputs] == expected
