@@ -26,11 +26,7 @@ def dequantize(
     raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, ...]
 ) -> torch.Tensor:
     """Return the float32 tensor of `shape` stored as `raw` (the tensor's bytes) in `qtype`."""
-    if qtype in _REFERENCE_ONLY:  # rare in files: the `gguf` package's own (slower) decoder
-        with np.errstate(invalid="ignore", over="ignore"):  # inf scales decode as gguf's do
-            values = quants.dequantize(raw.reshape(_num_rows(shape), -1), qtype)
-        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(shape)
-    if qtype not in _BLOCK_DEQUANTIZERS:
+    if qtype not in _BLOCK_DEQUANTIZERS and qtype not in _REFERENCE_ONLY:
         raise ValueError(f"dequantize: unsupported GGUF tensor type {qtype.name}")
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     numel = int(np.prod(shape, dtype=np.int64))
@@ -38,6 +34,10 @@ def dequantize(
         raise ValueError(
             f"dequantize: {raw.size} bytes of {qtype.name} do not hold a tensor of shape {shape}"
         )
+    if qtype in _REFERENCE_ONLY:  # rare in files: the `gguf` package's own (slower) decoder
+        with np.errstate(invalid="ignore", over="ignore"):  # inf scales decode as gguf's do
+            values = quants.dequantize(raw.reshape(numel // shape[-1], -1), qtype)
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(shape)
     blocks = raw.reshape(-1, type_size)
     out = torch.empty(blocks.shape[0], block_size, dtype=torch.float32)
     step = max(1, CHUNK_ELEMENTS // block_size)
@@ -140,7 +140,3 @@ _BLOCK_DEQUANTIZERS: dict[GGMLQuantizationType, BlockDequantizer] = {
 # Types a `tokenmill quantize --method gguf-q5_k_m` file holds (Q5_K, and Q5_1 where rows are not
 # whole super-blocks) that have no vectorised decoder here.
 _REFERENCE_ONLY = frozenset({GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q5_1})
-
-
-def _num_rows(shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
