@@ -38,10 +38,7 @@ def native_or(
         def op(*args: Any, **kwargs: Any) -> Any:
             if op_timer.RECORDER is not None:  # a profile is on (tokenmill bench roofline)
                 return op_timer.timed_op(name, run, args, kwargs)
-            native = extension.NATIVE  # `run`'s body again: no extra call on the hot path
-            if native is None or (fits is not None and not fits(*args, **kwargs)):
-                return fallback(*args, **kwargs)
-            return native_call(native, *args, **kwargs)
+            return run(*args, **kwargs)
 
         functools.update_wrapper(op, native_call)
         signature = inspect.signature(native_call)
