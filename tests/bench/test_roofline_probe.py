@@ -51,3 +51,21 @@ def test_the_bfloat16_kernel_is_skipped_where_the_cpu_has_no_bfloat16_products(m
 
 def test_cpu_features_are_among_the_known_ones():
     assert set(cpu_features()) <= set(CPU_FEATURES)
+
+
+def test_each_rate_keeps_its_best_pass(monkeypatch):
+    from dataclasses import replace
+
+    from tokenmill.bench.roofline import probe as probe_module
+
+    passes_timed: dict[int, int] = {}
+
+    def slow_fast_middling(call, budget_s, *args):  # each product's three passes in turn
+        key = id(args[0]) if args else 0
+        passes_timed[key] = passes_timed.get(key, 0) + 1
+        return [3.0, 1.0, 2.0][passes_timed[key] - 1]
+
+    monkeypatch.setattr(probe_module, "best_seconds", slow_fast_middling)
+    ceilings = probe(replace(QUICK_SIZES, passes=3))
+    measured = [rate for rate in ceilings.rates if not rate.skipped]
+    assert measured and {rate.seconds for rate in measured} == {1.0}

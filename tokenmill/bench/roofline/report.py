@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from tokenmill.bench.roofline.op_classes import CLASS_ORDER, HOST
 from tokenmill.bench.roofline.probe import Ceilings
 from tokenmill.bench.roofline.profile import ClassTime, Profile
 
+LABEL_MIN_SHARE = 0.01  # the roofline plot names the dots of at least this share of the time
 MEMORY = "memory"
 COMPUTE = "compute"
 
@@ -215,9 +217,24 @@ class RooflineReport:
             if compute:
                 axes.plot(xs, [min(compute, x * bandwidth) for x in xs], label=f"{dtype} roof")
         total = self.profile.profiled_s or 1.0
+        labelled: list[tuple[float, float]] = []
         for row, intensity in zip(rows, intensities, strict=False):
             axes.scatter([intensity], [row.gflops_per_s], s=20 + 600 * row.seconds / total)
-            axes.annotate(_name(row), (intensity, row.gflops_per_s), fontsize=7)
+            if row.seconds / total < LABEL_MIN_SHARE:
+                continue
+            # Rows at nearly one point (a product's row buckets often are) stack their labels.
+            here = (math.log10(intensity), math.log10(row.gflops_per_s))
+            near = sum(abs(here[0] - x) < 1.5 and abs(here[1] - y) < 0.1 for x, y in labelled)
+            labelled.append(here)
+            right_edge = here[0] > math.log10(high) - 1.5  # there the label goes left of its dot
+            axes.annotate(
+                _name(row),
+                (intensity, row.gflops_per_s),
+                xytext=(-4 if right_edge else 4, 4 - 9 * near),
+                textcoords="offset points",
+                horizontalalignment="right" if right_edge else "left",
+                fontsize=7,
+            )
         axes.set_xscale("log")
         axes.set_yscale("log")
         axes.set_xlabel("arithmetic intensity (FLOP / byte)")
