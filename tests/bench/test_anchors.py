@@ -20,7 +20,7 @@ from tokenmill.loader.resolve import resolve_model
 from tokenmill.loader.tokenizer import Tokenizer
 
 
-def test_transformers_beside_tokenmill_and_a_refused_llama_cpp(
+def test_transformers_beside_tokenmill_in_its_dtype_and_a_refused_llama_cpp(
     tokenmill_cli, tiny_workload, tiny_requests, tmp_path
 ):
     out = tmp_path / "anchors.json"
@@ -28,7 +28,7 @@ def test_transformers_beside_tokenmill_and_a_refused_llama_cpp(
         *("bench", "anchors", "--engines", "transformers,llama.cpp", "--no-install"),
         *("--workloads", str(tiny_workload), "--python", f"transformers={sys.executable}"),
         *("--threads", "1", "--cache-dir", str(tmp_path / "cache"), "--json", str(out)),
-        *("--kv-cache-memory", "32MiB"),
+        *("--kv-cache-memory", "32MiB", "--dtype", "bfloat16"),
     )
     assert result.returncode == 1, result.stderr  # llama.cpp was not allowed to build
     payload = json.loads(out.read_text())
@@ -39,6 +39,7 @@ def test_transformers_beside_tokenmill_and_a_refused_llama_cpp(
         assert by_engine[engine]["error"] is None
         assert by_engine[engine]["output_tokens"] == expected_tokens
         assert by_engine[engine]["output_tokens_per_s"] > 0
+    assert by_engine["transformers"]["notes"].startswith("bfloat16,")
     assert "no llama-server" in by_engine["llama.cpp"]["error"]
     # the model was exported once as an HF directory for the engines that need one
     assert (tmp_path / "cache" / "models").is_dir()
@@ -56,6 +57,12 @@ def test_unknown_engine_is_refused_before_anything_runs(tmp_path):
     options = AnchorOptions(cache_dir=tmp_path)
     with pytest.raises(ValueError, match="transformers, vllm, llama.cpp"):
         run_anchors(EngineArgs(), {}, ["tgi"], options)
+
+
+def test_a_dtype_the_script_anchors_cannot_load_is_refused_before_anything_runs(tmp_path):
+    options = AnchorOptions(cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="--dtype float16: the transformers and vllm anchors"):
+        run_anchors(EngineArgs(dtype="float16"), {}, ["vllm"], options)
 
 
 @pytest.mark.parametrize(

@@ -54,6 +54,8 @@ SCRIPT_ANCHORS = {
         RUNNERS / "vllm_cpu.py",
     ),
 }
+# The script anchors load the float model in tokenmill's --dtype, so both sides compute alike.
+SCRIPT_ANCHOR_DTYPES = ("float32", "bfloat16")
 LLAMA_ANCHORS = ("llama.cpp", "llama-bench")
 ANCHORS = (*SCRIPT_ANCHORS, *LLAMA_ANCHORS)
 # llama-bench's prompt-processing test: a 256-token prompt in one batch (its pp256 row).
@@ -135,6 +137,11 @@ def run_anchors(
     options: AnchorOptions,
 ) -> AnchorReport:
     check_engines(engines)
+    if base.dtype not in SCRIPT_ANCHOR_DTYPES and any(e in SCRIPT_ANCHORS for e in engines):
+        raise ValueError(
+            f"--dtype {base.dtype}: the transformers and vllm anchors run in "
+            f"{' or '.join(SCRIPT_ANCHOR_DTYPES)}"
+        )
     torch.set_num_threads(options.threads)
     workloads, results = _run_tokenmill(base, workloads, options.threads)
     for engine in engines:
@@ -144,7 +151,7 @@ def run_anchors(
             elif engine == "llama-bench":
                 results += _run_llama_bench(base.model, workloads, options)
             else:
-                results += _run_script_anchor(engine, base.model, workloads, options)
+                results += _run_script_anchor(engine, base, workloads, options)
         except (RuntimeError, ValueError, OSError, subprocess.SubprocessError) as exc:
             print(f"anchors: {engine} failed: {exc}", file=sys.stderr)
             results += [AnchorResult(engine, name, error=str(exc)) for name in workloads]
@@ -247,11 +254,12 @@ def _hf_dir(model: str, cache_dir: Path) -> Path:
 
 
 def _run_script_anchor(
-    engine: str, model: str, workloads: dict[str, list[BenchRequest]], options: AnchorOptions
+    engine: str, base: EngineArgs, workloads: dict[str, list[BenchRequest]], options: AnchorOptions
 ) -> list[AnchorResult]:
+    """`engine`'s runner script in its venv, on the float model in tokenmill's dtype."""
     spec, script = SCRIPT_ANCHORS[engine]
     python = options.pythons.get(engine) or ensure_venv(spec, options.cache_dir, options.install)
-    model_dir = _hf_dir(model, options.cache_dir)
+    model_dir = _hf_dir(base.model, options.cache_dir)
     env = {**os.environ, "OMP_NUM_THREADS": str(options.threads)}
     if engine == "vllm":
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{options.threads - 1}")
@@ -285,6 +293,8 @@ def _run_script_anchor(
                 str(options.threads),
                 "--batch-size",
                 str(options.hf_batch_size),
+                "--dtype",
+                base.dtype,
             ]
             completed = subprocess.run(command, env=env, check=False)
             if completed.returncode != 0:

@@ -36,7 +36,9 @@ def main() -> None:
     args = parse_args(__doc__ or "")
     torch.set_num_threads(args.threads)
     name, requests = load_workload(args.workload)
-    model = transformers.AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        args.model_dir, dtype=getattr(torch, args.dtype)
+    )
     model.eval()
     generate_batch(model, [{**requests[0], "max_tokens": 2}])  # warm-up
     start = time.perf_counter()
@@ -51,7 +53,7 @@ def main() -> None:
         requests,
         sum(r["max_tokens"] for r in requests),
         elapsed,
-        f"fp32, static batches of {args.batch_size}, threads={args.threads}",
+        f"{args.dtype}, static batches of {args.batch_size}, threads={args.threads}",
     )
 
 

@@ -16,6 +16,9 @@ def parse_args(description: str) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="where the result JSON goes")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16, help="static batch size (HF)")
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), default="float32", help="weights and compute"
+    )
     return parser.parse_args()
 
 

@@ -17,7 +17,7 @@ def main() -> None:
     args = parse_args(__doc__ or "")
     name, requests = load_workload(args.workload)
     longest = max(len(r["prompt_token_ids"]) + r["max_tokens"] for r in requests)
-    llm = vllm.LLM(model=args.model_dir, dtype="float32", max_model_len=longest + 16, seed=0)
+    llm = vllm.LLM(model=args.model_dir, dtype=args.dtype, max_model_len=longest + 16, seed=0)
     prompts = [{"prompt_token_ids": r["prompt_token_ids"]} for r in requests]
     params = [
         vllm.SamplingParams(temperature=0.0, max_tokens=r["max_tokens"], ignore_eos=True)
@@ -36,7 +36,7 @@ def main() -> None:
         requests,
         sum(len(out.outputs[0].token_ids) for out in outputs),
         elapsed,
-        f"fp32, continuous batching, threads={args.threads}",
+        f"{args.dtype}, continuous batching, threads={args.threads}",
     )
 
 
