@@ -71,7 +71,10 @@ def quantize_tokens_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     high = x.amax(dim=-1).clamp(min=0.0)
     scales = ((high - low) / ACTIVATION_MAX_CODE).clamp(min=1e-12)
     zeros = (-low / scales).round()
-    codes = torch.round(x / scales[:, None]).add_(zeros[:, None]).clamp_(0, ACTIVATION_MAX_CODE)
+    # Times the reciprocal (correctly rounded), not divided: a multiplication a value is faster
+    # natively, and the native pass does exactly this.
+    inverse = torch.reciprocal(scales)
+    codes = torch.round(x * inverse[:, None]).add_(zeros[:, None]).clamp_(0, ACTIVATION_MAX_CODE)
     return codes.to(torch.uint8), scales, zeros
 
 

@@ -4,7 +4,8 @@
 //     asymmetric over 0..255 with its range widened to hold 0: x ~ (codes - zero) * scale. One
 //     read of the row for its min and max and one, while it is still in cache, for its codes;
 //     the arithmetic is w8a8_linear.quantize_tokens_reference's operation for operation
-//     (division, not a reciprocal; round half to even), so the two agree bit for bit.
+//     (x times the scale's correctly rounded reciprocal, round half to even), so the two agree
+//     bit for bit.
 //   w8a8_rescale_: the GEMM's fp32 sums y[t, n] (already times the weight's row scale) become
 //     (y - zero[t] * row_sums[n]) * scale[t] + bias[n] in place, where row_sums[n] is the weight
 //     row's code sum times its scale: the zero point's share, taken off in one pass over y.
@@ -47,9 +48,9 @@ inline float horizontal_max(__m256 v) {
   return _mm_cvtss_f32(half);
 }
 
-// Eight codes clamp(round(x / scale) + zero, 0, 255) as int32 lanes.
-inline __m256i codes8(__m256 x, __m256 scale, __m256 zero) {
-  const __m256 steps = _mm256_round_ps(_mm256_div_ps(x, scale),
+// Eight codes clamp(round(x * inverse) + zero, 0, 255) as int32 lanes.
+inline __m256i codes8(__m256 x, __m256 inverse, __m256 zero) {
+  const __m256 steps = _mm256_round_ps(_mm256_mul_ps(x, inverse),
                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 code = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(steps, zero), _mm256_setzero_ps()),
                                     _mm256_set1_ps(kMaxCode));
@@ -58,30 +59,37 @@ inline __m256i codes8(__m256 x, __m256 scale, __m256 zero) {
 
 void quantize_row(const float* x, int64_t k, uint8_t* codes, float* scale_out, float* zero_out) {
   // Both extremes start at 0: the range always holds 0, and masked-off tail lanes read as 0.
-  __m256 low = _mm256_setzero_ps(), high = _mm256_setzero_ps();
+  // Two of each, so consecutive min / max instructions do not wait on one another.
+  __m256 low[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 high[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   int64_t j = 0;
-  for (; j + 8 <= k; j += 8) {
-    const __m256 v = _mm256_loadu_ps(x + j);
-    low = _mm256_min_ps(low, v);
-    high = _mm256_max_ps(high, v);
+  for (; j + 16 <= k; j += 16) {
+    for (int h = 0; h < 2; ++h) {
+      const __m256 v = _mm256_loadu_ps(x + j + 8 * h);
+      low[h] = _mm256_min_ps(low[h], v);
+      high[h] = _mm256_max_ps(high[h], v);
+    }
   }
-  if (j < k) {
-    const __m256 v = _mm256_maskload_ps(x + j, tail_mask(k - j));
-    low = _mm256_min_ps(low, v);
-    high = _mm256_max_ps(high, v);
+  for (; j < k; j += 8) {
+    const __m256 v =
+        k - j >= 8 ? _mm256_loadu_ps(x + j) : _mm256_maskload_ps(x + j, tail_mask(k - j));
+    low[0] = _mm256_min_ps(low[0], v);
+    high[0] = _mm256_max_ps(high[0], v);
   }
-  const float lo = horizontal_min(low), hi = horizontal_max(high);
+  const float lo = horizontal_min(_mm256_min_ps(low[0], low[1]));
+  const float hi = horizontal_max(_mm256_max_ps(high[0], high[1]));
   const float scale = std::max((hi - lo) / kMaxCode, kMinScale);
   const float zero = std::nearbyint(-lo / scale);
+  const float inverse = 1.0f / scale;
   *scale_out = scale;
   *zero_out = zero;
-  const __m256 scales = _mm256_set1_ps(scale), zeros = _mm256_set1_ps(zero);
+  const __m256 inverses = _mm256_set1_ps(inverse), zeros = _mm256_set1_ps(zero);
   j = 0;
   for (; j + 32 <= k; j += 32) {
-    const __m256i a = codes8(_mm256_loadu_ps(x + j), scales, zeros);
-    const __m256i b = codes8(_mm256_loadu_ps(x + j + 8), scales, zeros);
-    const __m256i c = codes8(_mm256_loadu_ps(x + j + 16), scales, zeros);
-    const __m256i d = codes8(_mm256_loadu_ps(x + j + 24), scales, zeros);
+    const __m256i a = codes8(_mm256_loadu_ps(x + j), inverses, zeros);
+    const __m256i b = codes8(_mm256_loadu_ps(x + j + 8), inverses, zeros);
+    const __m256i c = codes8(_mm256_loadu_ps(x + j + 16), inverses, zeros);
+    const __m256i d = codes8(_mm256_loadu_ps(x + j + 24), inverses, zeros);
     // The packs interleave 128-bit lanes; the permute puts the 32 codes back in order.
     const __m256i packed =
         _mm256_packus_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
@@ -90,7 +98,7 @@ void quantize_row(const float* x, int64_t k, uint8_t* codes, float* scale_out, f
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + j), ordered);
   }
   for (; j < k; ++j) {
-    const float code = std::min(std::max(std::nearbyint(x[j] / scale) + zero, 0.0f), kMaxCode);
+    const float code = std::min(std::max(std::nearbyint(x[j] * inverse) + zero, 0.0f), kMaxCode);
     codes[j] = static_cast<uint8_t>(code);
   }
 }
