@@ -124,6 +124,16 @@ def test_reference_switch_runs_every_row_through_the_reference(monkeypatch):
     assert torch.equal(layer(x), expected)
 
 
+@pytest.mark.parametrize("rows", [1, ops.W8A8_PANEL_MAX_ROWS + 1])
+def test_torch_kernels_compute_the_same_function(monkeypatch, rows):
+    gen = torch.Generator().manual_seed(6)
+    layer = SmoothQuantLinear.from_smoothed(torch.randn(50, 64, generator=gen), torch.randn(50))
+    x = torch.randn(rows, 64, generator=gen)
+    native = layer(x)
+    monkeypatch.setattr(ops, "_NATIVE", None)
+    torch.testing.assert_close(layer(x), native, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("rows", [1, 40])
 def test_wrong_input_width_raises_value_error(rows):
     layer = SmoothQuantLinear.from_smoothed(torch.randn(50, 64))
