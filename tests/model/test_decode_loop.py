@@ -139,8 +139,7 @@ def test_applies_to_decodes_and_short_chunks_over_cache_only(smollm, quantized_s
     assert quantized is not None and quantized.layers.max_tokens == ops.QUANT_KERNEL_MAX_ROWS
 
 
-def test_stays_off_where_a_kernel_is_missing(smollm, bf16_smollm, quantized_smollm, monkeypatch):
-    assert make_engine(quantized_smollm("smoothquant"), "native").runner.decode_loop is None
+def test_stays_off_where_a_kernel_is_missing(smollm, bf16_smollm, monkeypatch):
     assert make_engine(smollm, "native", kv_cache="none").runner.decode_loop is None
     unpacked = make_engine(bf16_smollm, "native", dtype="bfloat16", prepack_weights=False)
     assert unpacked.runner.decode_loop is None

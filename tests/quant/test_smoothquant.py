@@ -1,18 +1,35 @@
-"""SmoothQuant W8A8: smoothing factors, per-token activations, the integer GEMM paths."""
+"""SmoothQuant W8A8: smoothing factors, per-token activations, the layer's two routes (decode
+rows on int8's panel kernel, wider ones on oneDNN's int8 GEMM), the reference switch, and the
+engine on the real SmolLM2."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
 from torch.nn import functional as F
 
+from tokenmill.config import EngineArgs
+from tokenmill.engine.engine import LLMEngine
+from tokenmill.kernels import ops
+from tokenmill.kernels.w8a8_linear import int8_gemm_reference
+from tokenmill.kernels.w8a8_linear import quantize_tokens_reference as quantize_tokens
+from tokenmill.loader.model_loader import LoadedModel, load_model
+from tokenmill.model.attention import AttentionMetadata
 from tokenmill.quant import smoothquant
-from tokenmill.quant.smoothquant import (
-    SmoothQuantLinear,
-    int8_gemm_reference,
-    quantize_tokens,
-    smoothing_scales,
-)
+from tokenmill.quant.registry import quant_method
+from tokenmill.quant.smoothquant import SmoothQuantLinear, smoothing_scales
+from tokenmill.sampling.params import SamplingParams
+
+from ..engine.test_engine import VARIED_PROMPTS, run_all
+
+needs_native = pytest.mark.skipif(ops.backend() != "native", reason="needs the native kernels")
+SCORED = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=3)
+# Top-two log-probability gap below which the two rounding paths may pick different tokens.
+NEAR_TIE_NATS = 0.25
 
 
 def test_smoothing_balances_activation_and_weight_ranges():
@@ -33,7 +50,7 @@ def test_tokens_round_trip_within_half_a_step():
     assert ((restored - x).abs() <= scales[:, None] / 2 + 1e-5).all()
 
 
-def test_onednn_int8_gemm_equals_integer_arithmetic():
+def test_wide_product_equals_integer_arithmetic():
     gen = torch.Generator().manual_seed(1)
     weight = torch.randn(70, 96, generator=gen)
     layer = SmoothQuantLinear.from_smoothed(weight)
@@ -61,15 +78,67 @@ def test_linear_stays_close_to_the_float_product(rows):
     assert ((out - reference).norm() / reference.norm()).item() < 0.03
 
 
-@pytest.mark.parametrize("rows", [1, 40])
+@pytest.mark.parametrize("rows", [ops.W8A8_PANEL_MAX_ROWS + 1, 40])
 def test_without_onednn_the_reference_gives_the_same_result(monkeypatch, rows):
     gen = torch.Generator().manual_seed(2)
     layer = SmoothQuantLinear.from_smoothed(torch.randn(50, 64, generator=gen))
     x = torch.randn(rows, 64, generator=gen)
     with_onednn = layer(x)
-    monkeypatch.setattr(smoothquant, "_HAS_ONEDNN", False)
+    monkeypatch.setattr(ops, "ONEDNN_AVAILABLE", False)
     layer._gemm = None
     torch.testing.assert_close(layer(x), with_onednn, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, ops.W8A8_PANEL_MAX_ROWS])
+def test_decode_rows_take_the_int8_panel_product(rows):
+    """x rounded per block of 32 to int16 (int8 weights' kernel), not per token to 8 bits."""
+    gen = torch.Generator().manual_seed(rows)
+    layer = SmoothQuantLinear.from_smoothed(torch.randn(50, 80, generator=gen), torch.randn(50))
+    x = torch.randn(2, rows, 80, generator=gen)[0]
+    expected = ops.int8_linear_reference(
+        x, layer.qweight, layer.scales[:, None], layer.kernel_group_size, layer.bias
+    )
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(ops.W8A8_PANEL_MAX_ROWS + 1, 80), (2, 30, 80)])
+def test_wide_rows_give_the_reference_bit_for_bit(shape):
+    gen = torch.Generator().manual_seed(4)
+    layer = SmoothQuantLinear.from_smoothed(torch.randn(50, 80, generator=gen), torch.randn(50))
+    x = torch.randn(shape, generator=gen)
+    onednn, row_sums = layer._packed()
+    expected = ops.w8a8_linear_reference(
+        x, layer.qweight, layer.scales, row_sums, onednn, layer.bias
+    )
+    assert torch.equal(layer(x), expected)
+
+
+def test_reference_switch_runs_every_row_through_the_reference(monkeypatch):
+    monkeypatch.setenv(smoothquant.W8A8_ENV, "reference")
+    gen = torch.Generator().manual_seed(5)
+    layer = SmoothQuantLinear.from_smoothed(torch.randn(50, 64, generator=gen))
+    assert layer.reference and layer.native_kernel() is None
+    x = torch.randn(1, 64, generator=gen)
+    onednn, row_sums = layer._packed()
+    expected = ops.w8a8_linear_reference(x, layer.qweight, layer.scales, row_sums, onednn)
+    assert torch.equal(layer(x), expected)
+
+
+@pytest.mark.parametrize("rows", [1, ops.W8A8_PANEL_MAX_ROWS + 1])
+def test_torch_kernels_compute_the_same_function(monkeypatch, rows):
+    gen = torch.Generator().manual_seed(6)
+    layer = SmoothQuantLinear.from_smoothed(torch.randn(50, 64, generator=gen), torch.randn(50))
+    x = torch.randn(rows, 64, generator=gen)
+    native = layer(x)
+    monkeypatch.setattr(ops, "_NATIVE", None)
+    torch.testing.assert_close(layer(x), native, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 40])
+def test_wrong_input_width_raises_value_error(rows):
+    layer = SmoothQuantLinear.from_smoothed(torch.randn(50, 64))
+    with pytest.raises(ValueError, match=r"x must be \[\.\.\., 64\]"):
+        layer(torch.randn(rows, 65))
 
 
 def test_reloaded_codes_are_repacked():
@@ -82,3 +151,73 @@ def test_reloaded_codes_are_repacked():
         first.qweight.copy_(second.qweight)
         first.scales.copy_(second.scales)
     torch.testing.assert_close(first(x), second(x))
+
+
+@pytest.fixture(scope="module")
+def w8a8_smollm(smollm_path: Path) -> LoadedModel:
+    """SmolLM2 smoothed and quantized on a small calibration set: enough to run, and quick."""
+    method = quant_method("smoothquant", calib_samples=4, calib_seq_len=128)
+    return load_model(str(smollm_path), torch.float32, method)
+
+
+@contextmanager
+def reference_layers(loaded: LoadedModel) -> Iterator[None]:
+    """Every W8A8 layer on the switch's baseline (as TOKENMILL_W8A8=reference builds them)."""
+    layers = [m for m in loaded.model.modules() if isinstance(m, SmoothQuantLinear)]
+    for layer in layers:
+        layer.reference = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.reference = False
+
+
+def scored_run(loaded: LoadedModel, decode_loop: str) -> list[tuple[list[int], list]]:
+    args = EngineArgs(model=str(loaded.path), decode_loop=decode_loop, kv_cache_memory="32MiB")
+    engine = LLMEngine(args, loaded=loaded)
+    assert (engine.runner.decode_loop is not None) == (decode_loop == "native")
+    outputs = run_all(engine, VARIED_PROMPTS[:4], SCORED)
+    return [(out.outputs[0].token_ids, out.outputs[0].logprobs) for out in outputs]
+
+
+@needs_native
+def test_decode_loop_gives_the_python_layers_exact_logprobs(w8a8_smollm):
+    """Four prompts decoding together, then the stragglers: every step within the panel rows."""
+    assert scored_run(w8a8_smollm, "native") == scored_run(w8a8_smollm, "python")
+
+
+@needs_native
+def test_engine_greedy_tokens_match_the_reference_path(w8a8_smollm):
+    """Decode rows round x differently on the two paths (int16 blocks, 8-bit tokens), so two
+    greedy runs may part, but only where the reference's top two tokens nearly tie."""
+    native = scored_run(w8a8_smollm, "native")
+    with reference_layers(w8a8_smollm):
+        reference = scored_run(w8a8_smollm, "python")
+    for (tokens, _), (reference_tokens, reference_logprobs) in zip(native, reference, strict=True):
+        parted = next(
+            (
+                i
+                for i, pair in enumerate(zip(tokens, reference_tokens, strict=True))
+                if pair[0] != pair[1]
+            ),
+            None,
+        )
+        if parted is not None:
+            (_, first), (_, second), *_ = reference_logprobs[parted].top
+            assert first - second < NEAR_TIE_NATS
+    assert sum(tokens == ref for (tokens, _), (ref, _) in zip(native, reference, strict=True)) >= 2
+
+
+def test_prefill_logits_are_the_reference_bit_for_bit(w8a8_smollm):
+    ids = w8a8_smollm.tokenizer.encode("The capital of France is a city of many bridges")
+    meta = AttentionMetadata.build([len(ids)], [len(ids)], None, 16, None)
+
+    def logits() -> torch.Tensor:
+        with torch.inference_mode():
+            hidden = w8a8_smollm.model(torch.tensor(ids), torch.arange(len(ids)), None, meta)
+            return w8a8_smollm.model.compute_logits(hidden)
+
+    native = logits()
+    with reference_layers(w8a8_smollm):
+        assert torch.equal(logits(), native)

@@ -26,6 +26,7 @@ from tokenmill.kernels.quant_linear import (
     IntegerFormat,
 )
 from tokenmill.kernels.quant_panels import QuantPanels
+from tokenmill.kernels.w8a8_linear import W8A8, W8A8_PANEL_MAX_ROWS
 
 
 def _float32_kernel_fits(
@@ -71,6 +72,14 @@ def int8_linear_kernel(
 ) -> object | None:
     """The native loop's handle on an int8 linear, from its `pack_int8_panels` form."""
     return _integer_linear_kernel(INT8, panels, group_size, bias)
+
+
+def w8a8_linear_kernel(
+    panels: QuantPanels | None, group_size: int, bias: torch.Tensor | None
+) -> object | None:
+    """The native loop's handle on a W8A8 (SmoothQuant) linear's int8 panels: int8's kernel,
+    which the loop runs up to W8A8_PANEL_MAX_ROWS rows."""
+    return _integer_linear_kernel(W8A8, panels, group_size, bias)
 
 
 def int4_linear_kernel(
@@ -130,6 +139,8 @@ def linear_kernel_max_rows(kernel: Any) -> int:
         return PREPACKED_MAX_ROWS
     if kernel.kind == "nf4":
         return NF4_KERNEL_MAX_ROWS
+    if kernel.kind == "w8a8":
+        return W8A8_PANEL_MAX_ROWS
     return SKINNY_MAX_ROWS if kernel.kind in ("float32", "fp8") else QUANT_KERNEL_MAX_ROWS
 
 

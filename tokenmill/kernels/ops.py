@@ -4,10 +4,10 @@ loads and takes its inputs, else its pure-PyTorch reference (`*_reference`, whic
 compare against); `dispatch.native_or` is that rule, `extension` the loading.
 
 The ops live in modules by job: `float_linear`, `quant_panels`, `quant_linear`, `kquant_linear`,
-`fp8_linear`, `nf4_linear`, `attention`, `kv_store`, `quantized_kv`, `elementwise`,
-`token_bitmask`, `decode_loop`. This module only gathers them; tunables are read (and patched)
-in the module that owns them. `ops._NATIVE` is `extension.NATIVE`, read and set through here:
-setting it to None switches every op to its reference.
+`fp8_linear`, `nf4_linear`, `w8a8_linear`, `attention`, `kv_store`, `quantized_kv`,
+`elementwise`, `token_bitmask`, `decode_loop`. This module only gathers them; tunables are read
+(and patched) in the module that owns them. `ops._NATIVE` is `extension.NATIVE`, read and set
+through here: setting it to None switches every op to its reference.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from tokenmill.kernels.decode_loop import (
     int8_linear_kernel,
     linear_kernel_max_rows,
     q5_0_linear_kernel,
+    w8a8_linear_kernel,
 )
 from tokenmill.kernels.elementwise import (
     add_rms_norm,
@@ -136,6 +137,16 @@ from tokenmill.kernels.quantized_kv import (
     store_kv_quantized_reference,
 )
 from tokenmill.kernels.token_bitmask import apply_token_bitmask, apply_token_bitmask_reference
+from tokenmill.kernels.w8a8_linear import (
+    ONEDNN_AVAILABLE,
+    W8A8_PANEL_MAX_ROWS,
+    OneDNNWeight,
+    quantize_tokens,
+    quantize_tokens_reference,
+    w8a8_linear,
+    w8a8_linear_reference,
+    w8a8_panel_linear,
+)
 
 __all__ = [
     "BACKEND_ENV",
@@ -150,6 +161,7 @@ __all__ = [
     "NF4_KERNEL_MAX_ROWS",
     "NF4_UNIT",
     "NF4_VALUES",
+    "ONEDNN_AVAILABLE",
     "PANEL_ROWS",
     "PREPACKED_MAX_ROWS",
     "Q5_0_GROUP",
@@ -159,6 +171,8 @@ __all__ = [
     "QUANT_KERNEL_MAX_ROWS",
     "SKINNY_MAX_ROWS",
     "TORCH_PLAIN_MAX_ROWS",
+    "W8A8_PANEL_MAX_ROWS",
+    "OneDNNWeight",
     "Q6KPanels",
     "QuantPanels",
     "add_rms_norm",
@@ -226,6 +240,8 @@ __all__ = [
     "q6_k_linear_reference",
     "quantize_activations_reference",
     "quantize_kv_reference",
+    "quantize_tokens",
+    "quantize_tokens_reference",
     "rotary_embedding",
     "rotary_embedding_reference",
     "row_argmax",
@@ -239,6 +255,10 @@ __all__ = [
     "store_kv_reference",
     "unpack_int4",
     "unpack_q5_0",
+    "w8a8_linear",
+    "w8a8_linear_kernel",
+    "w8a8_linear_reference",
+    "w8a8_panel_linear",
 ]
 
 

@@ -5,13 +5,12 @@ rest; weights are easy. Dividing input channel j by s_j = max|x_j|^alpha / max|w
 and multiplying the weights' column j by it (folded into the norm or linear in front, see
 `smoothing.py`) moves part of that difficulty into the weights; alpha = 0.5 splits it evenly.
 
-Weights are then int8 per output channel, activations int8 per token, quantized on every call,
-and the product is one oneDNN int8 GEMM (`torch.ops.onednn.qlinear_pointwise`) whose int32 sums
-are rescaled to fp32. `torch._int_mm` is correct on CPU but runs a plain loop here, far slower
-than the fp32 GEMM. The int8 GEMM pays off on wide batches (prefill, many sequences), where
-compute bounds the product; one row at a time it streams the weights well below memory
-bandwidth, so single-stream decode is slower than the `int8` method's kernel
-(docs/quantization.md has the figures).
+Weights are then int8 per output channel, activations int8 per token, quantized on every call.
+Decode rows (up to `ops.W8A8_PANEL_MAX_ROWS`) run int8's panel kernel on a panel copy of the
+codes, in the native decode loop too; wider inputs run native per-token quantization, oneDNN's
+int8 GEMM and a native rescale (kernels/w8a8_linear.py has both routes and their rounding).
+`TOKENMILL_W8A8=reference` keeps the baseline: every product through the torch reference
+(per-token quantization in torch ops, the same oneDNN GEMM) and no decode loop.
 
 AVX2 has no int8 x int8 dot product: oneDNN multiplies unsigned by signed bytes and adds pairs
 of products in int16, which saturates when both sides use 8 bits. So activations take the
@@ -21,24 +20,36 @@ weights give up one bit (symmetric, -63..63): a pair stays below 2 * 255 * 63 < 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
+from tokenmill.kernels import ops
 from tokenmill.quant.calibrated import (
     DEFAULT_CALIB_SAMPLES,
     DEFAULT_CALIB_SEQ_LEN,
     CalibratedMethod,
 )
 from tokenmill.quant.layerwise import LAYER_LINEARS, LayerInputs, replace_module
-from tokenmill.quant.linear import QuantLinear, frozen, register_quant_linear
+from tokenmill.quant.linear import (
+    QUANT_BLOCK,
+    PanelCache,
+    QuantLinear,
+    frozen,
+    num_groups,
+    register_quant_linear,
+)
 from tokenmill.quant.method import check_bits
 from tokenmill.quant.smoothing import Migration, llama_migrations, untie_lm_head
 
 DEFAULT_ALPHA = 0.5
 WEIGHT_MAX_CODE = 63  # 7 bits: see the module docstring
-ACTIVATION_MAX_CODE = 255
+# "reference" runs every W8A8 product through the torch reference and keeps the layers out of the
+# native decode loop: the baseline the native paths are measured against.
+W8A8_ENV = "TOKENMILL_W8A8"
 
 
 def smoothing_scales(
@@ -51,21 +62,9 @@ def smoothing_scales(
     return scales.clamp(min=1e-5)
 
 
-def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Asymmetric per-row uint8 codes, fp32 scales `[T]` and zero points `[T]` of x `[T, K]`:
-    x ~ (codes - zeros) * scales, each row's range (widened to hold 0) spread over 0..255."""
-    low = x.amin(dim=-1).clamp(max=0.0)
-    high = x.amax(dim=-1).clamp(min=0.0)
-    scales = ((high - low) / ACTIVATION_MAX_CODE).clamp(min=1e-12)
-    zeros = (-low / scales).round()
-    codes = torch.round(x / scales[:, None]).add_(zeros[:, None]).clamp_(0, ACTIVATION_MAX_CODE)
-    return codes.to(torch.uint8), scales, zeros
-
-
-def int8_gemm_reference(codes: torch.Tensor, weight_codes: torch.Tensor) -> torch.Tensor:
-    """codes [T, K] uint8 times weight_codes [N, K] int8 transposed, as fp32 `[T, N]`: exact
-    while the sums stay below 2^24."""
-    return codes.float() @ weight_codes.float().T
+def reference_requested() -> bool:
+    """Whether the environment asks for the baseline (`TOKENMILL_W8A8=reference`)."""
+    return os.environ.get(W8A8_ENV, "native").strip().lower() == "reference"
 
 
 @register_quant_linear
@@ -78,19 +77,50 @@ class SmoothQuantLinear(QuantLinear):
         super().__init__(in_features, out_features, bias)
         self.qweight = frozen(torch.zeros(out_features, in_features, dtype=torch.int8))
         self.scales = frozen(torch.zeros(out_features))
-        self._gemm: tuple[tuple[int, int], torch.Tensor | None, torch.Tensor] | None = None
+        # The panel kernel sees the per-row scale as one group spanning the padded row.
+        self.kernel_group_size = num_groups(in_features, QUANT_BLOCK) * QUANT_BLOCK
+        self.reference = reference_requested()  # the switch's baseline, read when built
+        self._gemm: tuple[tuple[tuple[int, int], ...], ops.OneDNNWeight | None, torch.Tensor] | None
+        self._gemm = None
+        self._panels = PanelCache()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        codes, scales, zeros = quantize_tokens(x.reshape(-1, self.in_features).float())
-        packed, scaled_row_sums = self._packed()
-        if packed is None:
-            sums = int8_gemm_reference(codes, self.qweight).mul_(self.scales)
-        else:
-            sums = _onednn_int8_gemm(codes, packed, self.scales)
-        out = sums.sub_(zeros[:, None] * scaled_row_sums).mul_(scales[:, None])
-        if self.bias is not None:
-            out.add_(self.bias)
-        return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"SmoothQuantLinear: x must be [..., {self.in_features}], got {list(x.shape)}"
+            )
+        rows = x.numel() // self.in_features
+        if not self.reference and 0 < rows <= ops.W8A8_PANEL_MAX_ROWS:
+            return ops.w8a8_panel_linear(
+                x,
+                self.qweight,
+                self.scales[:, None],
+                self.kernel_group_size,
+                self.bias,
+                self.panels(),
+            )
+        onednn, scaled_row_sums = self._packed()
+        product = ops.w8a8_linear_reference if self.reference else ops.w8a8_linear
+        return product(x, self.qweight, self.scales, scaled_row_sums, onednn, self.bias)
+
+    def panels(self) -> ops.QuantPanels | None:
+        """The codes as int8 panels (one more byte a weight) for the decode rows' kernel; None
+        under torch's kernels."""
+        return self._panels.get((self.qweight, self.scales), self._pack_panels)
+
+    def _pack_panels(self) -> ops.QuantPanels:
+        padded = F.pad(self.qweight, (0, self.kernel_group_size - self.in_features))
+        return ops.pack_int8_panels(padded, self.scales[:, None].contiguous())
+
+    def native_kernel(self) -> object | None:
+        if self.reference:
+            return None
+        return ops.w8a8_linear_kernel(self.panels(), self.kernel_group_size, self.bias)
+
+    def prepare(self) -> None:
+        self._packed()
+        if not self.reference:
+            self.panels()
 
     def dequantize(self) -> torch.Tensor:
         return self.qweight.float() * self.scales[:, None]
@@ -98,14 +128,18 @@ class SmoothQuantLinear(QuantLinear):
     def format(self) -> dict[str, Any]:
         return {"kind": self.kind}
 
-    def _packed(self) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def _packed(self) -> tuple[ops.OneDNNWeight | None, torch.Tensor]:
         """oneDNN's copy of the weight codes (None without oneDNN) and each row's code sum
         times its scale, rebuilt whenever those change (a checkpoint loading into them)."""
-        version = (self.qweight._version, self.scales._version)
-        if self._gemm is None or self._gemm[0] != version:
-            row_sums = self.qweight.sum(dim=1, dtype=torch.int32).float() * self.scales
-            packed = torch.ops.onednn.qlinear_prepack(self.qweight, None) if _HAS_ONEDNN else None
-            self._gemm = (version, packed, row_sums)
+        source = tuple(
+            (t.data_ptr(), -1 if t.is_inference() else t._version)
+            for t in (self.qweight, self.scales)
+        )
+        if self._gemm is None or self._gemm[0] != source:
+            with torch.no_grad():
+                row_sums = self.qweight.sum(dim=1, dtype=torch.int32).float() * self.scales
+                onednn = ops.OneDNNWeight(self.qweight) if ops.ONEDNN_AVAILABLE else None
+            self._gemm = (source, onednn, row_sums)
         return self._gemm[1], self._gemm[2]
 
     @classmethod
@@ -123,33 +157,6 @@ class SmoothQuantLinear(QuantLinear):
             if bias is not None:
                 layer.bias.copy_(bias)
         return layer
-
-
-_HAS_ONEDNN = (
-    hasattr(torch.ops.onednn, "qlinear_pointwise") and torch.backends.mkldnn.is_available()
-)
-
-
-def _onednn_int8_gemm(
-    codes: torch.Tensor, packed: torch.Tensor, weight_scales: torch.Tensor
-) -> torch.Tensor:
-    """fp32 `[T, N]`: codes times the packed weight codes, column n times weight_scales[n]."""
-    zero_points = torch.zeros(weight_scales.shape[0], dtype=torch.long)
-    return torch.ops.onednn.qlinear_pointwise(
-        codes,
-        1.0,
-        0,
-        packed,
-        weight_scales,
-        zero_points,
-        None,
-        1.0,
-        0,
-        torch.float32,
-        "none",
-        [],
-        "",
-    )
 
 
 class AbsMax:

@@ -31,7 +31,10 @@ CLASS_ORDER = (PRODUCTS, ATTENTION_PREFILL, ATTENTION_DECODE, KV_STORE, NORMS, S
 
 # Kernel formats whose products run integer dot products: their compute roof is the probe's
 # int8 or int4 rate; every other format widens its weights to float32 and runs on that roof.
-INTEGER_ROOFS = {"int8": "int8", "int4": "int4"}
+# int8 and int4 do so only up to their kernel's rows (wider, torch's float32 GEMM runs them);
+# W8A8 multiplies in int8 at every width (panels, then oneDNN's int8 GEMM).
+INTEGER_ROOFS = {"int8": "int8", "int4": "int4", "w8a8": "int8"}
+FLOAT_WHEN_WIDE = ("int8", "int4")
 ROW_BUCKETS = ((1, "1"), (8, "2-8"), (32, "9-32"), (128, "33-128"), (512, "129-512"))
 
 
@@ -70,7 +73,7 @@ def roof_dtype(kernel_kind: str, rows: int, kernel_max_rows: int | None = None) 
 def product(kind: str, rows: int, k: int, n: int, weight_bytes: float, vocab_size: int) -> Work:
     """A product of `rows` rows, k inputs and n outputs in kernel format `kind`."""
     role = "lm_head" if n == vocab_size else "layers"
-    max_rows = ops.QUANT_KERNEL_MAX_ROWS if kind in INTEGER_ROOFS else None
+    max_rows = ops.QUANT_KERNEL_MAX_ROWS if kind in FLOAT_WHEN_WIDE else None
     label = f"{kind} {role} x{rows_bucket(rows)}"
     return Work(PRODUCTS, label, roof_dtype(kind, rows, max_rows), 2.0 * rows * k * n, weight_bytes)
 
@@ -187,6 +190,7 @@ DESCRIBERS: dict[str, Describer] = {
     "_linear": _integer_linear,
     "fp8_linear": _named_linear("fp8", slice(1, 3)),
     "nf4_linear": _named_linear("nf4", slice(1, 5)),
+    "w8a8_linear": _named_linear("w8a8", slice(1, 2)),
     "q6_k_linear": _named_linear("q6_k", slice(1, 5)),
     "paged_decode_attention": _paged_decode_attention,
     "paged_decode_attention_quantized": _paged_decode_attention_quantized,

@@ -119,6 +119,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_activations", &tokenmill::quantize_activations,
         "float32 rows to int8/int16 blocks of 32: (values, scales, scale * sum of values)",
         py::arg("x"), py::arg("bits"), py::call_guard<py::gil_scoped_release>());
+  m.def("quantize_tokens", &tokenmill::quantize_tokens,
+        "float32 rows to asymmetric uint8 codes: (codes [T, K], scales [T], zero points [T])",
+        py::arg("x"), py::call_guard<py::gil_scoped_release>());
+  m.def("w8a8_rescale_", &tokenmill::w8a8_rescale_,
+        "in place: y = (y - zeros[t] * row_sums[n]) * scales[t] + bias[n]", py::arg("y"),
+        py::arg("scales"), py::arg("zeros"), py::arg("row_sums"), py::arg("bias"),
+        py::call_guard<py::gil_scoped_release>());
 
   using tokenmill::LinearKernel;
   py::class_<LinearKernel>(m, "LinearKernel",
@@ -130,6 +137,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                switch (k.kind) {
                                  case LinearKernel::Kind::kInt8:
                                    return "int8";
+                                 case LinearKernel::Kind::kW8a8:
+                                   return "w8a8";
                                  case LinearKernel::Kind::kInt4:
                                    return "int4";
                                  case LinearKernel::Kind::kFp8:
@@ -149,6 +158,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("has_packed",
                              [](const LinearKernel& k) { return k.packed.defined(); })
       .def_static("int8", &LinearKernel::int8, py::arg("values"), py::arg("scales"),
+                  py::arg("n"), py::arg("group_size"), py::arg("bias"))
+      .def_static("w8a8", &LinearKernel::w8a8, py::arg("values"), py::arg("scales"),
                   py::arg("n"), py::arg("group_size"), py::arg("bias"))
       .def_static("int4", &LinearKernel::int4, py::arg("values"), py::arg("scales"),
                   py::arg("mins"), py::arg("n"), py::arg("group_size"), py::arg("bias"))

@@ -43,6 +43,13 @@ LinearKernel LinearKernel::int8(at::Tensor values, at::Tensor scales, int64_t n,
           {},          n};
 }
 
+LinearKernel LinearKernel::w8a8(at::Tensor values, at::Tensor scales, int64_t n,
+                                int64_t group_size, std::optional<at::Tensor> bias) {
+  LinearKernel kernel = int8(std::move(values), std::move(scales), n, group_size, std::move(bias));
+  kernel.kind = Kind::kW8a8;
+  return kernel;
+}
+
 LinearKernel LinearKernel::int4(at::Tensor values, at::Tensor scales, at::Tensor mins,
                                 int64_t n, int64_t group_size, std::optional<at::Tensor> bias) {
   return {Kind::kInt4, std::move(values), std::move(scales), std::move(mins), group_size,
@@ -99,6 +106,7 @@ void LinearKernel::check(const std::string& name, int64_t k, int64_t n) const {
                   op, ": weight must be a contiguous float32 [", n, ", ", k, "]");
       return;
     case Kind::kInt8:
+    case Kind::kW8a8:
       return check_int8_panels(op, weight, scales, n, k, group_size);
     case Kind::kInt4:
       return check_int4_panels(op, weight, scales, mins, n, k, group_size);
@@ -122,6 +130,7 @@ int64_t LinearKernel::scratch_bytes(int64_t m, int64_t k) const {
     case Kind::kFloat32:
       return packed.defined() ? packed_linear_scratch_bytes(m, k) : 0;
     case Kind::kInt8:
+    case Kind::kW8a8:
       return int8_linear_scratch_bytes(m, k);
     case Kind::kInt4:
       return int4_linear_scratch_bytes(m, k);
@@ -145,6 +154,7 @@ void LinearKernel::run(const at::Tensor& x, const at::Tensor& y, void* scratch) 
       if (packed.defined()) return packed_linear_team(x, packed, b, y, scratch);
       return skinny_linear_team(x, weight, b, y);
     case Kind::kInt8:
+    case Kind::kW8a8:
       return int8_linear_team(x, weight, scales, group_size, b, y, scratch);
     case Kind::kInt4:
       return int4_linear_team(x, weight, scales, mins, group_size, b, y, scratch);

@@ -19,7 +19,9 @@ namespace tokenmill {
 // product. A bfloat16 model's layers run on AMX tiles or AVX512-BF16 (pack_bfloat16_weight's
 // copy).
 struct LinearKernel {
-  enum class Kind { kFloat32, kInt8, kInt4, kFp8, kBfloat16, kNf4, kQ6K, kQ50 };
+  // kW8a8: a SmoothQuant weight's int8 panels, run as kInt8 (the loop takes it only for the rows
+  // where the panels beat oneDNN's GEMM: ops.W8A8_PANEL_MAX_ROWS).
+  enum class Kind { kFloat32, kInt8, kInt4, kFp8, kBfloat16, kNf4, kQ6K, kQ50, kW8a8 };
 
   Kind kind;
   // float32 [N, K], fp8 codes [N, K], int8 / int4 / Q6_K / Q5_0 panels, NF4 codes, or bfloat16 B tiles
@@ -36,6 +38,8 @@ struct LinearKernel {
   static LinearKernel float32(at::Tensor weight, std::optional<at::Tensor> bias,
                               std::optional<at::Tensor> packed);
   static LinearKernel int8(at::Tensor values, at::Tensor scales, int64_t n, int64_t group_size,
+                           std::optional<at::Tensor> bias);
+  static LinearKernel w8a8(at::Tensor values, at::Tensor scales, int64_t n, int64_t group_size,
                            std::optional<at::Tensor> bias);
   static LinearKernel int4(at::Tensor values, at::Tensor scales, at::Tensor mins, int64_t n,
                            int64_t group_size, std::optional<at::Tensor> bias);

@@ -66,4 +66,8 @@ at::Tensor dequantize_nf4(const at::Tensor& codes, const at::Tensor& absmax, int
                           int64_t in_features);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x,
                                                                     int64_t bits);
+// W8A8 (w8a8.cpp): x's rows as asymmetric uint8 codes, and the rescale of oneDNN's int8 sums.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_tokens(const at::Tensor& x);
+void w8a8_rescale_(const at::Tensor& y, const at::Tensor& scales, const at::Tensor& zeros,
+                   const at::Tensor& row_sums, const std::optional<at::Tensor>& bias);
 }  // namespace tokenmill
