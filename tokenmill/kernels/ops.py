@@ -52,8 +52,10 @@ from tokenmill.kernels.extension import (
     amx_available,
     backend,
     bfloat16_linear_available,
+    bfloat16_products,
 )
 from tokenmill.kernels.float_linear import (
+    BFLOAT16_PREPACKED_MAX_ROWS,
     BFLOAT16_SKINNY_MAX_ROWS,
     FLOAT32_PREPACKED_MAX_ROWS,
     PREPACKED_MAX_ROWS,
@@ -139,6 +141,7 @@ from tokenmill.kernels.token_bitmask import apply_token_bitmask, apply_token_bit
 
 __all__ = [
     "BACKEND_ENV",
+    "BFLOAT16_PREPACKED_MAX_ROWS",
     "BFLOAT16_SKINNY_MAX_ROWS",
     "DEQUANTIZE_TILE_WEIGHTS",
     "FLOAT32_PREPACKED_MAX_ROWS",
@@ -169,6 +172,7 @@ __all__ = [
     "backend",
     "bfloat16_linear_available",
     "bfloat16_linear_kernel",
+    "bfloat16_products",
     "decode_loop",
     "decoder_layer_weights",
     "dequantize_absmax",
