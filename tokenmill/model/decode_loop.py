@@ -7,7 +7,7 @@ weights and the same call order to csrc/decode_loop.cpp, so the hidden states ar
 to the Python layers' and only the host overhead goes, as CUDA graphs take it away on GPUs.
 
 It covers what the native kernels cover: Llama-family and Gemma 3 models whose linears are
-float32, fp8, int8 or int4 (GGUF, GPTQ, AWQ), or bfloat16 on AMX tiles or AVX512-BF16, over a KV
+float32, fp8, int8 or int4 (GGUF, GPTQ, AWQ), or bfloat16 on their packed tiles, over a KV
 cache in the model dtype or int8 / fp8, with Gemma's extra norms, sliding windows and tanh-GELU
 done the Python layers' way; and steps whose tokens all attend to cached context (decodes and
 short speculative chunks, draft trees' included), as many as its kernels take (32 with plain
