@@ -10,6 +10,7 @@ Wider batches run torch's GEMM.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -37,11 +38,20 @@ PREPACKED_MAX_ROWS = 256
 # runs faster on the packed copy than on MKL's plain-weight GEMM, so there every float32 product
 # with a packed copy takes it.
 FLOAT32_PREPACKED_MAX_ROWS = PREPACKED_MAX_ROWS if INTEL_CPU else sys.maxsize
+# Whether the widening path's tiles run in zmm: torch finds AVX-512 (F, BW, VL, DQ, as the native
+# kernels ask) and TOKENMILL_AVX512 allows it.
+_AVX512_TILES = (
+    torch.backends.cpu.get_cpu_capability() == "AVX512"
+    and os.environ.get("TOKENMILL_AVX512") != "0"
+)
 # A bfloat16 weight's packed tiles take products up to this many rows. On AMX and the dot
-# products torch's bfloat16 GEMM is ahead past PREPACKED_MAX_ROWS; the widening path's float32
-# FMAs run faster than torch's GEMM at every width (SmolLM2's products at 300 to 2,048 rows), so
-# there the packed tiles take every product.
-BFLOAT16_PREPACKED_MAX_ROWS = sys.maxsize if bfloat16_products() == "widen" else PREPACKED_MAX_ROWS
+# products torch's bfloat16 GEMM is ahead past PREPACKED_MAX_ROWS. The widening path's zmm tiles
+# run faster than torch's GEMM at every width (SmolLM2's products at 300 to 2,048 rows), so there
+# the packed tiles take every product; its ymm tiles keep the bound (they were measured only
+# against a torch GEMM that ran AVX512-BF16 itself, which was ahead of them from 64 rows on).
+BFLOAT16_PREPACKED_MAX_ROWS = (
+    sys.maxsize if bfloat16_products() == "widen" and _AVX512_TILES else PREPACKED_MAX_ROWS
+)
 # Under torch's kernels, up to this many rows MKL's product on the plain weight streams faster
 # than oneDNN's GEMM on the packed copy, where the CPU is an Intel one with AVX-512 (measured
 # over all of SmolLM2's products; with AVX2 the packed copy was ahead from one row). Off Intel,
