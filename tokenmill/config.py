@@ -169,8 +169,8 @@ class EngineArgs:
     # (tokenmill/model/decode_loop.py); "python": layer by layer, the baseline.
     decode_loop: str = "native"
     # Keep a second copy of each float weight, laid out at engine start for batched products
-    # (more weight memory): with the native kernels the packed kernel reads it (bfloat16 as
-    # AMX / AVX512-BF16 tiles), with TOKENMILL_KERNELS=torch oneDNN's GEMM does. False, the
+    # (more weight memory): with the native kernels the packed kernel reads it (bfloat16 as the
+    # tiles of its products), with TOKENMILL_KERNELS=torch oneDNN's GEMM does. False, the
     # baseline: the skinny kernel on the plain weights for a few rows, torch's GEMM beyond.
     prepack_weights: bool = True
     # glibc's malloc keeps freed tensors' pages for reuse instead of returning them to the OS,

@@ -67,6 +67,13 @@ def load_native() -> ModuleType | None:
 
 NATIVE = load_native()
 
+# The path of every bfloat16 product (csrc/bfloat16_linear.cpp): "amx", "dot" (AVX512-BF16) or
+# "widen" (float32 FMAs on the widened weights), as TOKENMILL_BF16_PRODUCTS asks, else by the
+# CPU's rule; None without the native kernels. A setting this CPU cannot run raises ValueError
+# here, at import, rather than at the first product.
+BFLOAT16_PRODUCTS_ENV = "TOKENMILL_BF16_PRODUCTS"
+BFLOAT16_PRODUCTS: str | None = None if NATIVE is None else NATIVE.bfloat16_products()
+
 
 def amx_available() -> bool:
     """Whether AMX tiles run here: the native kernels loaded, and the CPU has AMX and Linux let
@@ -75,9 +82,15 @@ def amx_available() -> bool:
 
 
 def bfloat16_linear_available() -> bool:
-    """Whether bfloat16 products run natively on a packed weight: on AMX tiles, or with
-    AVX512-BF16 dot products where the CPU has those but no AMX."""
+    """Whether bfloat16 products run natively on a packed weight: wherever the native kernels
+    load (on AMX tiles, AVX512-BF16 dot products or float32 FMAs: `bfloat16_products`)."""
     return NATIVE is not None and NATIVE.bfloat16_linear_available()
+
+
+def bfloat16_products() -> str | None:
+    """The path the native bfloat16 products take ("amx", "dot" or "widen"); None without the
+    native kernels."""
+    return BFLOAT16_PRODUCTS
 
 
 def backend() -> str:

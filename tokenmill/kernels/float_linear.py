@@ -3,12 +3,14 @@ packed copy of a weight that the batched kernels read.
 
 The native kernels: the skinny kernel streams the plain weight once for a few rows of x
 (csrc/linear.cpp); the packed kernel reads a copy regrouped for batches (csrc/packed_linear.cpp);
-a bfloat16 weight's packed tiles run on AMX or AVX512-BF16 (csrc/bfloat16_linear.cpp). Under
-torch's kernels a packed copy is oneDNN's blocked format. Wider batches run torch's GEMM.
+a bfloat16 weight's packed tiles run on AMX, AVX512-BF16 or float32 FMAs on the widened weights
+(csrc/bfloat16_linear.cpp). Under torch's kernels a packed copy is oneDNN's blocked format.
+Wider batches run torch's GEMM.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -18,7 +20,11 @@ import torch
 from torch.nn import functional as F
 
 from tokenmill.kernels.dispatch import native_friendly, native_or
-from tokenmill.kernels.extension import INTEL_CPU, bfloat16_linear_available
+from tokenmill.kernels.extension import (
+    INTEL_CPU,
+    bfloat16_linear_available,
+    bfloat16_products,
+)
 
 # Above this many rows of x, MKL's blocked GEMM beats a kernel that streams the weights once
 # (measured over SmolLM2's layer products with the weights read from DRAM).
@@ -32,14 +38,28 @@ PREPACKED_MAX_ROWS = 256
 # runs faster on the packed copy than on MKL's plain-weight GEMM, so there every float32 product
 # with a packed copy takes it.
 FLOAT32_PREPACKED_MAX_ROWS = PREPACKED_MAX_ROWS if INTEL_CPU else sys.maxsize
+# Whether the widening path's tiles run in zmm: torch finds AVX-512 (F, BW, VL, DQ, as the native
+# kernels ask) and TOKENMILL_AVX512 allows it.
+_AVX512_TILES = (
+    torch.backends.cpu.get_cpu_capability() == "AVX512"
+    and os.environ.get("TOKENMILL_AVX512") != "0"
+)
+# A bfloat16 weight's packed tiles take products up to this many rows. On AMX and the dot
+# products torch's bfloat16 GEMM is ahead past PREPACKED_MAX_ROWS. The widening path's zmm tiles
+# run faster than torch's GEMM at every width (SmolLM2's products at 300 to 2,048 rows), so there
+# the packed tiles take every product; its ymm tiles keep the bound (they were measured only
+# against a torch GEMM that ran AVX512-BF16 itself, which was ahead of them from 64 rows on).
+BFLOAT16_PREPACKED_MAX_ROWS = (
+    sys.maxsize if bfloat16_products() == "widen" and _AVX512_TILES else PREPACKED_MAX_ROWS
+)
 # Under torch's kernels, up to this many rows MKL's product on the plain weight streams faster
 # than oneDNN's GEMM on the packed copy, where the CPU is an Intel one with AVX-512 (measured
 # over all of SmolLM2's products; with AVX2 the packed copy was ahead from one row). Off Intel,
 # MKL's one-row products are slower than oneDNN's whatever the threads, so the copy serves all.
 TORCH_PLAIN_MAX_ROWS = 3 if torch.backends.cpu.get_cpu_capability() == "AVX512" and INTEL_CPU else 0
-# Up to this many rows of x, the skinny kernel on a bfloat16 weight (widened to float32 as it is
-# read) beats torch's bfloat16 product (oneDNN, with AMX), whose time barely changes with the
-# number of rows; past it torch's is ahead.
+# Up to this many rows of x, the skinny kernel on a bfloat16 weight without packed tiles (widened
+# to float32 as it is read) beats torch's bfloat16 product (oneDNN, with AMX), whose time barely
+# changes with the number of rows; past it torch's is ahead.
 BFLOAT16_SKINNY_MAX_ROWS = 4
 
 
@@ -57,7 +77,8 @@ def _packed_fits(x: torch.Tensor, prepacked: torch.Tensor | None, rows: int) -> 
     """Whether a product of `rows` rows of x runs on the packed copy: one exists, autograd is
     not recording x, and the rows are within the packed kernels' limit for x's dtype."""
     inference = not (x.requires_grad and torch.is_grad_enabled())
-    max_rows = PREPACKED_MAX_ROWS if x.dtype == torch.bfloat16 else FLOAT32_PREPACKED_MAX_ROWS
+    bfloat16 = x.dtype == torch.bfloat16
+    max_rows = BFLOAT16_PREPACKED_MAX_ROWS if bfloat16 else FLOAT32_PREPACKED_MAX_ROWS
     return prepacked is not None and inference and rows <= max_rows
 
 
@@ -87,9 +108,9 @@ def linear(
     kernel on `prepacked` (from `prepack_linear_weight`) up to FLOAT32_PREPACKED_MAX_ROWS rows of
     x, else the skinny kernel on the plain weight up to SKINNY_MAX_ROWS. With torch's: oneDNN on
     `prepacked` from past TORCH_PLAIN_MAX_ROWS up to FLOAT32_PREPACKED_MAX_ROWS. A bfloat16
-    weight: AMX or AVX512-BF16 on `prepacked` up to PREPACKED_MAX_ROWS, else (neither) the
-    skinny kernel up to BFLOAT16_SKINNY_MAX_ROWS, their outputs rounded to bfloat16 as torch's
-    are. Everything else: torch's GEMM on the plain weight."""
+    weight: its packed tiles (`prepacked`) up to BFLOAT16_PREPACKED_MAX_ROWS, else (no tiles)
+    the skinny kernel up to BFLOAT16_SKINNY_MAX_ROWS, their outputs rounded to bfloat16 as
+    torch's are. Everything else: torch's GEMM on the plain weight."""
     rows = _rows(x)
     packed_fits = _packed_fits(x, prepacked, rows)
     if packed_fits and rows >= 1 and native_friendly((x,)):
@@ -152,8 +173,7 @@ def prepack_linear_weight(
     kernel's panels, or under torch's kernels oneDNN's blocked format for about `batch_hint` rows
     of x. None where neither applies (torch without oneDNN, a weight not float32 on the CPU). The
     copy is extra memory: the plain weight stays for the other paths. A bfloat16 weight, where
-    the native kernels load and the CPU has AMX or AVX512-BF16: the tiles `bfloat16_linear`
-    reads."""
+    the native kernels load: the tiles `bfloat16_linear` reads."""
     if weight.dtype == torch.bfloat16 and weight.is_cpu and bfloat16_linear_available():
         with torch.no_grad():
             return native.pack_bfloat16_weight(weight.detach())

@@ -53,8 +53,10 @@ from tokenmill.kernels.extension import (
     amx_available,
     backend,
     bfloat16_linear_available,
+    bfloat16_products,
 )
 from tokenmill.kernels.float_linear import (
+    BFLOAT16_PREPACKED_MAX_ROWS,
     BFLOAT16_SKINNY_MAX_ROWS,
     FLOAT32_PREPACKED_MAX_ROWS,
     PREPACKED_MAX_ROWS,
@@ -150,6 +152,7 @@ from tokenmill.kernels.w8a8_linear import (
 
 __all__ = [
     "BACKEND_ENV",
+    "BFLOAT16_PREPACKED_MAX_ROWS",
     "BFLOAT16_SKINNY_MAX_ROWS",
     "DEQUANTIZE_TILE_WEIGHTS",
     "FLOAT32_PREPACKED_MAX_ROWS",
@@ -183,6 +186,7 @@ __all__ = [
     "backend",
     "bfloat16_linear_available",
     "bfloat16_linear_kernel",
+    "bfloat16_products",
     "decode_loop",
     "decoder_layer_weights",
     "dequantize_absmax",

@@ -8,12 +8,12 @@ to the Python layers' and only the host overhead goes, as CUDA graphs take it aw
 
 It covers what the native kernels cover: Llama-family and Gemma 3 models whose linears are
 float32, fp8, int8, int4 (GGUF, GPTQ, AWQ) or W8A8 (SmoothQuant's int8 panels), or bfloat16 on
-AMX tiles or AVX512-BF16, over a KV cache in the model dtype or int8 / fp8, with Gemma's extra
-norms, sliding windows and tanh-GELU done the Python layers' way; and steps whose tokens all
-attend to cached context (decodes and short speculative chunks, draft trees' included), as many
-as its kernels take (32 with plain float32 or fp8 weights, 64 with int8 / int4, 4 with W8A8, 256
-with packed float32 or bfloat16). Anything else runs layer by layer in Python;
-`decode_loop="python"` is the baseline it is measured against.
+their packed tiles, over a KV cache in the model dtype or int8 / fp8, with Gemma's extra norms,
+sliding windows and tanh-GELU done the Python layers' way; and steps whose tokens all attend to
+cached context (decodes and short speculative chunks, draft trees' included), as many as its
+kernels take (32 with plain float32 or fp8 weights, 64 with int8 / int4, 4 with W8A8, 256 with
+packed float32 or bfloat16). Anything else runs layer by layer in Python; `decode_loop="python"`
+is the baseline it is measured against.
 """
 
 from __future__ import annotations

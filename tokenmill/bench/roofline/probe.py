@@ -25,6 +25,12 @@ from tokenmill.model.layers import Linear
 from tokenmill.quant.int4 import Int4Linear
 from tokenmill.quant.int8 import Int8Linear
 
+# What each path of the engine's bfloat16 products (TOKENMILL_BF16_PRODUCTS) runs on.
+BFLOAT16_PATHS = {
+    "amx": "AMX tiles",
+    "dot": "AVX512-BF16 dot products",
+    "widen": "float32 FMAs on the widened weights",
+}
 CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
@@ -147,10 +153,10 @@ def probe(sizes: ProbeSizes = ProbeSizes()) -> Ceilings:
     )
     if os.environ.get("TOKENMILL_AVX512") == "0":
         ceilings.notes.append("TOKENMILL_AVX512=0: the engine's kernels run their AVX2 paths")
-    if ops.amx_available():
-        ceilings.notes.append("the engine's bfloat16 products run on AMX tiles")
-    elif ops.bfloat16_linear_available():
-        ceilings.notes.append("the engine's bfloat16 products run on AVX512-BF16")
+    products = ops.bfloat16_products()
+    if ops.bfloat16_linear_available() and products is not None:
+        path = BFLOAT16_PATHS.get(products, products)
+        ceilings.notes.append(f"the engine's bfloat16 products run on {path}")
     generator = torch.Generator().manual_seed(0)
     shapes = [
         ("decode", sizes.decode_rows, sizes.decode_in, sizes.decode_out),

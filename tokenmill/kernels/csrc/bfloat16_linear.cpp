@@ -1,13 +1,15 @@
 // y = x W^T + b for a bfloat16 model's products, on a copy of W packed once at engine start: on
-// AMX tiles where the CPU has them, else with AVX512-BF16 dot products where it has those.
+// AMX tiles where the CPU has them, else with AVX512-BF16 dot products or float32 FMAs on the
+// widened weights (bfloat16_widen.inc), whichever the CPU runs faster; on an AVX2-only CPU, the
+// FMAs.
 //
 // torch's bfloat16 product (oneDNN) streamed SmolLM2's weights slowly at every decode batch from
 // 1 to 64 rows, about equally at each: set-up cost and a weight reorder per call, not
 // arithmetic, bound it. Here each step of a product reads W as it lies.
 //
 // W is packed in the layout of AMX's B operand: per panel of 16 outputs, rows of k pairs, each
-// row the 16 outputs' pairs (64 bytes). Both instruction sets multiply bfloat16 pairs exactly and
-// add them into float32 sums, as torch's product does; only the order of the additions differs.
+// row the 16 outputs' pairs (64 bytes). Every path multiplies bfloat16 pairs exactly and adds
+// them into float32 sums, as torch's product does; only the order of the additions differs.
 //
 // AMX: one TDPBF16PS multiplies a 16 x 32 tile of x (A: 16 rows, 32 bfloat16 of k) by a 32 x 16
 // tile of W (B: 16 outputs, 32 of k) into a 16 x 16 tile of float32 sums (C). Tiles: four sums
@@ -22,13 +24,18 @@
 // rows of x by 4 panels, 24 sums in registers; a pass takes 4 panels and walks every 6 rows of x
 // over them, W from DRAM in its first tile and from L2 after.
 //
-// Either way a row's sums take the same steps whatever shares its tile, so a request decodes the
+// Every path gives a row's sums the same steps whatever shares its tile, so a request decodes the
 // same tokens alone and in a batch.
 //
-// Linux hands a process the AMX tile state only when it asks (arch_prctl), once; where the CPU
-// lacks AMX or the kernel refuses, `amx_available` is false and the dot products run. Where the
-// CPU lacks both, or TOKENMILL_AVX512=0 asks for the AVX2 baseline, `bfloat16_linear_available`
-// is false and float_linear.py leaves these products to the other paths.
+// Which path runs is chosen once (`bfloat16_products`): TOKENMILL_BF16_PRODUCTS=amx|dot|widen
+// asks for one (a path this CPU cannot run is an error); unset, AMX where the CPU has it and
+// Linux grants the tile state (arch_prctl, asked once), else the dot products where the CPU has
+// AVX512-BF16 and is not an Intel one, else the widening path. The rule is the CPU's, not a
+// timing's, so every process on a machine computes the same bits: Intel's cores without AMX
+// issue VDPBF16PS on one port where they issue FMAs on two, so there the FMAs on widened weights
+// are ahead; AMD's Zen 4 and later run VDPBF16PS at the FMA's rate, two products each, so there
+// the dot products are. TOKENMILL_AVX512=0 leaves AMX and the dot products out and runs the
+// widening path's AVX2 tiles.
 
 #include <ATen/ATen.h>
 #include <cpuid.h>
@@ -40,9 +47,12 @@
 #include <array>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "amx_tiles.h"
+#include "kernels.h"
+#include "prefetch.h"
 #include "simd.h"
 
 namespace tokenmill {
@@ -210,6 +220,53 @@ void dot_linear_passes(const uint16_t* xs, int64_t m, int64_t kp, const uint16_t
   }
 }
 
+#include "bfloat16_widen.inc"
+
+bool cpu_is_intel() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
+  char vendor[12];
+  std::memcpy(vendor, &ebx, 4);
+  std::memcpy(vendor + 4, &edx, 4);
+  std::memcpy(vendor + 8, &ecx, 4);
+  return std::memcmp(vendor, "GenuineIntel", 12) == 0;
+}
+
+enum class Bfloat16Products { kAmx, kDot, kWiden };
+
+bool dot_products_run() { return avx512_usable() && cpu_has_avx512_bf16(); }
+
+Bfloat16Products choose_bfloat16_products() {
+  const char* setting = std::getenv("TOKENMILL_BF16_PRODUCTS");
+  const std::string choice = setting == nullptr ? "" : setting;
+  if (choice.empty()) {
+    if (amx_available()) return Bfloat16Products::kAmx;
+    return dot_products_run() && !cpu_is_intel() ? Bfloat16Products::kDot
+                                                 : Bfloat16Products::kWiden;
+  }
+  if (choice == "amx") {
+    TORCH_CHECK_VALUE(amx_available(),
+                      "TOKENMILL_BF16_PRODUCTS=amx, but this CPU or OS does not run AMX tiles "
+                      "(or TOKENMILL_AVX512=0)");
+    return Bfloat16Products::kAmx;
+  }
+  if (choice == "dot") {
+    TORCH_CHECK_VALUE(dot_products_run(),
+                      "TOKENMILL_BF16_PRODUCTS=dot, but this CPU has no AVX512-BF16 (or "
+                      "TOKENMILL_AVX512=0)");
+    return Bfloat16Products::kDot;
+  }
+  TORCH_CHECK_VALUE(choice == "widen", "TOKENMILL_BF16_PRODUCTS=", choice,
+                    " is none of amx, dot, widen");
+  return Bfloat16Products::kWiden;
+}
+
+// The path every bfloat16 product of this process takes, chosen once.
+Bfloat16Products bfloat16_path() {
+  static const Bfloat16Products chosen = choose_bfloat16_products();
+  return chosen;
+}
+
 }  // namespace
 
 bool amx_available() {
@@ -217,9 +274,18 @@ bool amx_available() {
   return available;
 }
 
-bool bfloat16_linear_available() {
-  static const bool available = amx_available() || (avx512_usable() && cpu_has_avx512_bf16());
-  return available;
+bool bfloat16_linear_available() { return true; }
+
+std::string bfloat16_products() {
+  switch (bfloat16_path()) {
+    case Bfloat16Products::kAmx:
+      return "amx";
+    case Bfloat16Products::kDot:
+      return "dot";
+    case Bfloat16Products::kWiden:
+      break;
+  }
+  return "widen";
 }
 
 at::Tensor pack_bfloat16_weight(const at::Tensor& weight) {
@@ -239,19 +305,30 @@ namespace {
 // Rows of the padded copy of x: AMX's tiles read whole blocks of 32 rows, the dot products only
 // the rows there are.
 int64_t padded_rows(int64_t m) {
-  return amx_available() ? (m + kRowBlock - 1) / kRowBlock * kRowBlock : m;
+  return bfloat16_path() == Bfloat16Products::kAmx ? (m + kRowBlock - 1) / kRowBlock * kRowBlock
+                                                   : m;
 }
 
 }  // namespace
 
 int64_t bfloat16_linear_scratch_bytes(int64_t m, int64_t k) {
-  return padded_rows(m) * ((k + kDepth - 1) / kDepth * kDepth) * sizeof(uint16_t);
+  const int64_t kp = (k + kDepth - 1) / kDepth * kDepth;
+  if (bfloat16_path() == Bfloat16Products::kWiden) return widened_x_bytes(m, kp);
+  return padded_rows(m) * kp * sizeof(uint16_t);
 }
 
 void bfloat16_linear_team(const at::Tensor& x, const at::Tensor& packed, const float* bias,
                           const at::Tensor& y, void* scratch) {
   const int64_t m = x.size(0), k = x.size(1), n = y.size(1);
   const int64_t panels = packed.size(0), kp = packed.size(1) * 2;
+  const auto* ws = static_cast<const uint16_t*>(packed.data_ptr());
+  auto* ys = static_cast<uint16_t*>(y.data_ptr());
+  if (bfloat16_path() == Bfloat16Products::kWiden) {
+    static const WidenShapes& shapes = avx512_usable() ? kWiden512 : kWiden256;
+    widen_linear_passes(shapes, static_cast<const uint16_t*>(x.data_ptr()), x.stride(0), m, k,
+                        kp, ws, panels, bias, ys, n, static_cast<float*>(scratch));
+    return;
+  }
   // x with k padded to the packed depth (and for AMX rows to a multiple of 32), zeros past both:
   // W's padding is zeros too, and a zero times anything not finite would be NaN.
   const int64_t mp = padded_rows(m);
@@ -264,9 +341,7 @@ void bfloat16_linear_team(const at::Tensor& x, const at::Tensor& packed, const f
     if (copied > 0) std::memcpy(row, x_rows + r * x.stride(0), k * sizeof(uint16_t));
     std::memset(row + copied, 0, (kp - copied) * sizeof(uint16_t));
   }
-  const auto* ws = static_cast<const uint16_t*>(packed.data_ptr());
-  auto* ys = static_cast<uint16_t*>(y.data_ptr());
-  if (amx_available())
+  if (bfloat16_path() == Bfloat16Products::kAmx)
     amx_linear_passes(xs, m, kp, ws, panels, bias, ys, n);
   else
     dot_linear_passes(xs, m, kp, ws, panels, bias, ys, n);
@@ -285,8 +360,6 @@ void check_bfloat16_linear_weight(const char* op, const at::Tensor& packed, int6
 
 at::Tensor bfloat16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                            const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(bfloat16_linear_available(),
-              "bfloat16_linear: this CPU or OS provides neither AMX nor AVX512-BF16");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16,
               "bfloat16_linear: x must be bfloat16 [M, K]");
   const int64_t m = x.size(0), k = x.size(1);

@@ -24,14 +24,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_available", &tokenmill::amx_available,
         "whether this CPU and OS run AMX tiles (asks Linux for the tile state once)");
   m.def("bfloat16_linear_available", &tokenmill::bfloat16_linear_available,
-        "whether bfloat16_linear runs here: AMX tiles, or AVX512-BF16 dot products");
+        "whether bfloat16_linear runs here: on every CPU the library loads on");
+  m.def("bfloat16_products", &tokenmill::bfloat16_products,
+        "the path of bfloat16_linear: amx, dot or widen (TOKENMILL_BF16_PRODUCTS, else the CPU's)");
   m.def("pack_bfloat16_weight", &tokenmill::pack_bfloat16_weight,
         "bfloat16 W [N, K] as AMX B tiles [ceil(N / 16), ceil(K / 32) * 16, 16, 2] for "
         "bfloat16_linear",
         py::arg("weight"), py::call_guard<py::gil_scoped_release>());
   m.def("bfloat16_linear", &tokenmill::bfloat16_linear,
-        "y = x W^T + b in bfloat16 on AMX or AVX512-BF16, W from pack_bfloat16_weight (n = W's "
-        "rows)",
+        "y = x W^T + b in bfloat16 (AMX, AVX512-BF16 or float32 FMAs), W from "
+        "pack_bfloat16_weight (n = W's rows)",
         py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("bias"),
         py::call_guard<py::gil_scoped_release>());
   m.def("fp8_linear", &tokenmill::fp8_linear,

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 
 namespace tokenmill {
@@ -18,6 +19,10 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::
                       const std::optional<at::Tensor>& bias);
 bool amx_available();
 bool bfloat16_linear_available();
+// Which path this process's bfloat16 products take: "amx", "dot" or "widen"
+// (TOKENMILL_BF16_PRODUCTS, else the CPU's rule; bfloat16_linear.cpp). Throws c10::ValueError,
+// once per call, when the setting names a path this CPU cannot run or none at all.
+std::string bfloat16_products();
 at::Tensor pack_bfloat16_weight(const at::Tensor& weight);
 at::Tensor bfloat16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                            const std::optional<at::Tensor>& bias);
