@@ -41,14 +41,6 @@ def test_the_engines_kernels_are_skipped_with_a_note_without_the_extension(monke
     assert ceilings.kernels == "torch" and ceilings.notes
 
 
-def test_the_bfloat16_kernel_is_skipped_where_the_cpu_has_no_bfloat16_products(monkeypatch):
-    monkeypatch.setattr(ops, "bfloat16_linear_available", lambda: False)
-    ceilings = probe(QUICK_SIZES)
-    bf16 = [r for r in ceilings.rates if r.dtype == "bfloat16" and r.kernel == "tokenmill"]
-    assert bf16 and all("AVX512-BF16" in rate.skipped for rate in bf16)
-    assert any("AVX512-BF16" in note for note in ceilings.notes)
-
-
 def test_cpu_features_are_among_the_known_ones():
     assert set(cpu_features()) <= set(CPU_FEATURES)
 

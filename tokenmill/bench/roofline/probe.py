@@ -228,10 +228,6 @@ def _engine_linear(dtype: torch.dtype) -> Callable[[torch.Tensor], Product]:
     def make(weight: torch.Tensor) -> Product:
         if ops.backend() != "native":
             return Product(None, skipped="tokenmill kernels: the native extension is not loaded")
-        if dtype == torch.bfloat16 and not ops.bfloat16_linear_available():
-            return Product(
-                None, skipped="bfloat16 kernel: this CPU has neither AMX nor AVX512-BF16"
-            )
         layer = Linear(weight.shape[1], weight.shape[0], bias=False, dtype=dtype)
         layer.weight.data.copy_(weight)
         layer.prepack(ops.PREPACKED_MAX_ROWS)

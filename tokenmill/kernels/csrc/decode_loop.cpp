@@ -64,8 +64,6 @@ LinearKernel LinearKernel::fp8(at::Tensor qweight, at::Tensor scales,
 
 LinearKernel LinearKernel::bfloat16(at::Tensor packed, int64_t n,
                                     std::optional<at::Tensor> bias) {
-  TORCH_CHECK(bfloat16_linear_available(),
-              "LinearKernel.bfloat16: this CPU or OS provides neither AMX nor AVX512-BF16");
   if (bias.has_value()) bias = bias->to(at::kFloat).contiguous();
   return {Kind::kBfloat16, std::move(packed), {}, {}, 0, std::move(bias), {}, n};
 }

@@ -16,8 +16,8 @@ namespace tokenmill {
 
 // One linear layer's weights in a format the skinny kernels read, and the kernel to use; a
 // float32 layer may also carry a packed copy (pack_linear_weight), which then serves every
-// product. A bfloat16 model's layers run on AMX tiles or AVX512-BF16 (pack_bfloat16_weight's
-// copy).
+// product. A bfloat16 model's layers run on pack_bfloat16_weight's copy, on the path
+// bfloat16_linear.cpp chose for the CPU.
 struct LinearKernel {
   // kW8a8: a SmoothQuant weight's int8 panels, run as kInt8 (the loop takes it only for the rows
   // where the panels beat oneDNN's GEMM: ops.W8A8_PANEL_MAX_ROWS).

@@ -99,8 +99,9 @@ void fp8_linear_team(const at::Tensor& x, const at::Tensor& qweight, const at::T
 int64_t packed_linear_scratch_bytes(int64_t m, int64_t k);
 void packed_linear_team(const at::Tensor& x, const at::Tensor& packed, const float* bias,
                         const at::Tensor& y, void* scratch);
-// A bfloat16 product on AMX tiles or AVX512-BF16 (bfloat16_linear_available() must hold): x and
-// y bfloat16, x's rows contiguous, the bias (nullptr: none) float32.
+// A bfloat16 product on its packed weight, on the path bfloat16_linear.cpp chose (AMX tiles,
+// AVX512-BF16 dot products, or float32 FMAs over widened weights): x and y bfloat16, x's rows
+// contiguous, the bias (nullptr: none) float32.
 int64_t bfloat16_linear_scratch_bytes(int64_t m, int64_t k);
 void bfloat16_linear_team(const at::Tensor& x, const at::Tensor& packed, const float* bias,
                           const at::Tensor& y, void* scratch);
