@@ -76,6 +76,7 @@ def test_parse_dtype_refuses_unknown_names():
             "prompt_lookup_min",
         ),
         ({"speculative_method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"speculative_method": "eagle", "speculative_tree_min_score": 1.0}, "min_score"),
     ],
 )
 def test_speculation_switches_that_do_not_fit_together_are_refused(switches, message):

@@ -195,6 +195,10 @@ class EngineArgs:
     speculative_disable_batch_size: int | None = 4
     speculative_adaptive_k: bool = True
     speculative_tree: bool = True  # medusa, eagle: verify a tree of candidates, not a chain
+    # medusa, eagle trees: leave out candidates whose estimated chance of acceptance (the
+    # product of the drafter's probabilities down their path) is below this: each is a row of
+    # the verify pass. 0, the baseline, drafts the tree's full size.
+    speculative_tree_min_score: float = 0.0
 
     @property
     def prepack_batch_hint(self) -> int | None:
@@ -276,6 +280,10 @@ def _check_speculation(args: EngineArgs) -> None:
         )
     if args.speculative_disable_batch_size is not None:
         _positive_int("speculative_disable_batch_size", args.speculative_disable_batch_size)
+    if not 0.0 <= args.speculative_tree_min_score < 1.0:
+        raise ValueError(
+            f"speculative_tree_min_score must be in [0, 1), got {args.speculative_tree_min_score}"
+        )
     if args.kv_cache == "none":
         raise ValueError("speculative_method needs a KV cache: kv_cache='paged' or 'contiguous'")
     if args.speculative_method == "draft" and args.draft_model is None:

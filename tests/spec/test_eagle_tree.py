@@ -29,14 +29,14 @@ def logits_after(fed) -> torch.Tensor:
     return row
 
 
-def toy_tree(size: int, calls: list | None = None) -> TreeDraft:
+def toy_tree(size: int, calls: list | None = None, min_score: float = 0.0) -> TreeDraft:
     def expand(nodes, features):
         if calls is not None:
             calls.append(list(nodes))
         tokens = [token for _, _, token, _, _ in nodes]
         return features.clone(), torch.stack([logits_after(t) for t in tokens])
 
-    tree = TreeDraft(size)
+    tree = TreeDraft(size, min_score)
     draft_trees([tree], torch.zeros(1, 4), logits_after("root")[None], VOCAB, expand)
     return tree
 
@@ -49,11 +49,20 @@ def test_the_tree_keeps_the_best_scoring_paths_parents_first():
     assert depths(parents) == [1, 1, 2, 3]
 
 
+def test_a_score_floor_leaves_out_the_unlikely_candidates_and_keeps_their_parents():
+    tokens, parents = toy_tree(size=4, min_score=0.35).best()
+    # 11 (.3) is left out; 10 (.6), 10-13 (.54) and 10-13-12 (.378) stay, a chain.
+    assert tokens == [10, 13, 12]
+    assert parents == [-1, 0, 1]
+
+
 def test_each_round_feeds_the_best_new_candidates_within_the_budget():
     calls: list = []
     toy_tree(size=4, calls=calls)
     fed = [[(token, depth) for _, _, token, depth, _ in nodes] for nodes in calls]
-    assert fed == [[(10, 1), (11, 1)], [(13, 2), (15, 2)]]  # 4 feeds: the size's KV slots
+    # The root's three children (all among the best 4, all above the floor), then 10-13, the
+    # best of their children: 4 feeds, the size's KV slots.
+    assert fed == [[(10, 1), (11, 1), (12, 1)], [(13, 2)]]
 
 
 def test_a_fed_candidate_sees_exactly_its_fed_ancestors_and_itself():
@@ -62,8 +71,8 @@ def test_a_fed_candidate_sees_exactly_its_fed_ancestors_and_itself():
     visible = {token: flags for nodes in calls for _, _, token, _, flags in nodes}
     assert visible[10] == (True,)
     assert visible[11] == (False, True)
-    assert visible[13] == (True, False, True)  # fed third, child of 10 (fed first)
-    assert visible[15] == (False, True, False, True)
+    assert visible[12] == (False, False, True)
+    assert visible[13] == (True, False, False, True)  # fed fourth, child of 10 (fed first)
 
 
 def test_a_confident_drafter_grows_a_deep_chain():

@@ -30,6 +30,14 @@ def test_a_confident_tree_drafts_the_best_scoring_paths_parents_first():
     assert depths(parents) == [1, 2, 2, 3]
 
 
+def test_a_confident_tree_leaves_out_candidates_scoring_below_the_floor():
+    tokens = [[1, 2], [3, 4], [5, 6]]
+    probs = [[0.9, 0.1], [0.6, 0.4], [0.5, 0.5]]
+    drafts, parents = confident_tree(tokens, probs, size=4, min_score=0.3)
+    assert drafts == [1, 3, 4]  # 1-3-5 (.27) and 2 (.1) score below it
+    assert parents == [-1, 0, 0]
+
+
 def test_the_default_model_finds_its_shipped_heads(smollm_path):
     args = EngineArgs(model=str(smollm_path), speculative_method="medusa")
     assert head_path(args, PACKAGED_MEDUSA_HEADS, "train-medusa") == SHIPPED

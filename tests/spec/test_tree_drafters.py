@@ -40,6 +40,20 @@ def test_greedy_tokens_equal_plain_decoding_and_tree_paths_are_accepted(runner, 
     assert metrics.mean_accepted_length > min_accepted_length
 
 
+def test_a_score_floor_verifies_fewer_drafts_and_keeps_greedy_tokens(runner, drafter):
+    tree, _ = drafter
+    prompts = [runner.chat("Explain how a refrigerator keeps food cold.")]
+    expected = runner.tokens(prompts, GREEDY)
+    drafts = {}
+    for min_score in (0.0, 0.05):
+        engine = runner.engine(**tree, speculative_tree_min_score=min_score)
+        outputs = runner.run(engine, prompts, GREEDY)
+        assert [out.outputs[0].token_ids for out in outputs] == expected
+        metrics = outputs[0].metrics.spec_decode
+        drafts[min_score] = metrics.num_draft_tokens / metrics.num_verify_steps
+    assert drafts[0.05] < drafts[0.0]
+
+
 def test_greedy_batch_of_eight_with_trees_equals_plain_decoding(runner, drafter):
     tree, _ = drafter
     topics = ("rivers", "owls", "clocks", "bread", "tides", "chess", "bees", "maps")

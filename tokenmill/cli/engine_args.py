@@ -178,6 +178,13 @@ def _add_speculative_args(parser: argparse.ArgumentParser, defaults: dict) -> No
         help="medusa, eagle: verify a tree of the drafter's top candidates, shaped by its "
         "confidence (off: its top-1 chain)",
     )
+    group.add_argument(
+        "--speculative-tree-min-score",
+        type=float,
+        default=defaults["speculative_tree_min_score"].default,
+        help="medusa, eagle trees: leave out candidates the drafter gives less than this "
+        "chance of acceptance (0: the tree's full size)",
+    )
 
 
 def engine_args_from(ns: argparse.Namespace) -> EngineArgs:

@@ -34,7 +34,7 @@ def run(ns: argparse.Namespace) -> int:
         draft_vocab_size=ns.draft_vocab_size,
     )
     corpus = Path(ns.corpus) if ns.corpus else None
-    report = train_medusa(LLMEngine(engine_args_from(ns)), Path(ns.out), config, corpus)
+    report = train_medusa(LLMEngine(engine_args_from(ns)), Path(ns.out), config, corpus, log=True)
     accuracy = ", ".join(f"{a:.1%}" for a in report.held_out_accuracy)
     print(
         f"wrote {ns.out}: {report.num_sequences} conversations, {report.num_tokens} tokens "

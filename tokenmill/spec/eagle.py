@@ -161,12 +161,19 @@ class EagleDrafter:
 
 class EagleProposer:
     def __init__(
-        self, drafter: EagleDrafter, num_blocks: int, block_size: int, tree: bool = False
+        self,
+        drafter: EagleDrafter,
+        num_blocks: int,
+        block_size: int,
+        tree: bool = False,
+        min_score: float = 0.0,
     ) -> None:
-        """`tree`: draft EAGLE-2's dynamic tree of `num_tokens_to_draft` nodes; else a chain."""
+        """`tree`: draft EAGLE-2's dynamic tree of up to `num_tokens_to_draft` nodes, each
+        scoring at least `min_score`; else a chain."""
         self.drafter = drafter
         self.block_size = block_size
         self.tree = tree
+        self.min_score = min_score
         dtype = drafter.head.fc.weight.dtype
         (self.kv_cache,) = allocate_kv_caches(drafter.head.config, num_blocks, block_size, dtype)
         self.own_kv_caches = [self.kv_cache]
@@ -224,7 +231,7 @@ class EagleProposer:
         predicted, logits = self._forward(chunks, features)
         drafting = [chunk for chunk in chunks if chunk.num_to_draft]
         vocab = self.drafter.head.draft_vocab
-        trees = [TreeDraft(chunk.num_to_draft) for chunk in drafting]
+        trees = [TreeDraft(chunk.num_to_draft, self.min_score) for chunk in drafting]
         draft_trees(trees, predicted, logits, vocab, self._expand(drafting))
         proposals = {}
         for chunk, tree in zip(drafting, trees, strict=True):

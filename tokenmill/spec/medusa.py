@@ -113,11 +113,14 @@ class MedusaDrafter:
 
 
 def confident_tree(
-    tokens: Sequence[Sequence[int]], probs: Sequence[Sequence[float]], size: int
+    tokens: Sequence[Sequence[int]],
+    probs: Sequence[Sequence[float]],
+    size: int,
+    min_score: float = 0.0,
 ) -> tuple[list[int], list[int]]:
     """The `size` candidates with the highest path scores (product of each head's probability
-    of its token down the path): (draft tokens, parents), parents first. Head d gives the
-    candidates at depth d + 1 whatever their parent."""
+    of its token down the path), none scoring below `min_score`: (draft tokens, parents),
+    parents first. Head d gives the candidates at depth d + 1 whatever their parent."""
     drafts: list[int] = []
     parents: list[int] = []
     # (-score, tie-break, depth, rank, parent node)
@@ -126,6 +129,8 @@ def confident_tree(
     counter = len(frontier)
     while frontier and len(drafts) < size:
         negative_score, _, depth, rank, parent = heapq.heappop(frontier)
+        if -negative_score < min_score:
+            break  # the best left: every other candidate scores no higher
         node = len(drafts)
         drafts.append(tokens[depth][rank])
         parents.append(parent)
@@ -139,10 +144,12 @@ def confident_tree(
 class MedusaProposer:
     own_kv_caches: Sequence[torch.Tensor] = ()
 
-    def __init__(self, drafter: MedusaDrafter, tree: bool = True) -> None:
-        """`tree=False` drafts each head's top token as a chain (the baseline of the tree)."""
+    def __init__(self, drafter: MedusaDrafter, tree: bool = True, min_score: float = 0.0) -> None:
+        """`tree=False` drafts each head's top token as a chain (the baseline of the tree);
+        a tree leaves out candidates scoring below `min_score`."""
         self.drafter = drafter
         self.tree = tree
+        self.min_score = min_score
         self._parents: dict[str, list[int]] = {}
 
     def propose(
@@ -166,7 +173,9 @@ class MedusaProposer:
                         hidden[row + last - item.num_computed_tokens]
                     )
                 if self.tree:
-                    drafts, parents = confident_tree(tokens, probs, item.num_tokens_to_draft)
+                    drafts, parents = confident_tree(
+                        tokens, probs, item.num_tokens_to_draft, self.min_score
+                    )
                     self._parents[item.request.request_id] = parents
                 else:
                     drafts = [top[0] for top in tokens[: item.num_tokens_to_draft]]

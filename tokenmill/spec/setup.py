@@ -80,9 +80,17 @@ def build_proposer(
     if args.speculative_method == "ngram":
         return NgramProposer(args.prompt_lookup_min, args.prompt_lookup_max)
     if isinstance(draft, MedusaDrafter):
-        return MedusaProposer(draft, tree=args.speculative_tree)
+        return MedusaProposer(
+            draft, tree=args.speculative_tree, min_score=args.speculative_tree_min_score
+        )
     if isinstance(draft, EagleDrafter):
-        return EagleProposer(draft, num_blocks, args.block_size, tree=args.speculative_tree)
+        return EagleProposer(
+            draft,
+            num_blocks,
+            args.block_size,
+            tree=args.speculative_tree,
+            min_score=args.speculative_tree_min_score,
+        )
     if draft is not None:
         assert kv_caches is not None
         caches = draft.kv_caches(kv_caches, num_blocks, args.block_size)

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,10 +64,15 @@ def head_examples(
 
 
 def train_medusa(
-    engine: LLMEngine, out: Path, config: MedusaTrainingConfig, corpus_dir: Path | None = None
+    engine: LLMEngine,
+    out: Path,
+    config: MedusaTrainingConfig,
+    corpus_dir: Path | None = None,
+    log: bool = False,
 ) -> MedusaTrainingReport:
     """Train on the corpus in `corpus_dir` (generated or completed there first; a temporary
-    directory without one) and write the heads to `out`."""
+    directory without one) and write the heads to `out`; `log` prints each epoch's held-out
+    accuracy per head."""
     torch.manual_seed(config.seed)
     target = engine.loaded.model
     started = time.perf_counter()
@@ -81,6 +87,9 @@ def train_medusa(
     held_out = max(1, len(corpus) // 16)
     train_inputs, train_labels = head_examples(features[held_out:], config.num_heads)
     test_inputs, test_labels = head_examples(features[:held_out], config.num_heads)
+    with torch.no_grad():  # the target's own tokens, each held-out label's argmax
+        test_tokens = [(label @ rows.T).argmax(dim=-1) for label in test_labels]
+    del test_labels
     optimizer = torch.optim.AdamW(heads.parameters(), lr=config.learning_rate, weight_decay=0.0)
     steps_per_epoch = -(-len(train_inputs) // config.positions_per_step)
     schedule = torch.optim.lr_scheduler.OneCycleLR(
@@ -88,10 +97,12 @@ def train_medusa(
     )
     rng = random.Random(config.seed)
     train_started = time.perf_counter()
-    heads.train()
-    for _ in range(config.epochs):
+    accuracy: list[float] = []
+    for epoch in range(config.epochs):
+        heads.train()
         order = list(range(len(train_inputs)))
         rng.shuffle(order)
+        epoch_loss, num_steps = 0.0, 0
         for start in range(0, len(order), config.positions_per_step):
             batch = torch.tensor(order[start : start + config.positions_per_step])
             optimizer.zero_grad()
@@ -101,7 +112,19 @@ def train_medusa(
             loss.backward()
             optimizer.step()
             schedule.step()
-    heads.eval()
+            epoch_loss, num_steps = epoch_loss + float(loss.detach()), num_steps + 1
+        heads.eval()
+        if log or epoch + 1 == config.epochs:
+            accuracy = _held_out_accuracy(heads, test_inputs, test_tokens, rows)
+        if log:
+            per_head = ", ".join(f"{a:.1%}" for a in accuracy)
+            print(
+                f"epoch {epoch + 1}/{config.epochs}: training loss {epoch_loss / num_steps:.4f}, "
+                f"held-out top-1 accuracy per head {per_head} "
+                f"({time.perf_counter() - train_started:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
     train_s = time.perf_counter() - train_started
     save_medusa_heads(heads, out, str(engine.args.model))
     return MedusaTrainingReport(
@@ -109,7 +132,7 @@ def train_medusa(
         num_tokens=sum(len(s) for s in corpus),
         generate_s=generate_s,
         train_s=train_s,
-        held_out_accuracy=_held_out_accuracy(heads, test_inputs, test_labels, rows),
+        held_out_accuracy=accuracy,
     )
 
 
@@ -127,11 +150,9 @@ def _soft_cross_entropy(
 
 
 def _held_out_accuracy(
-    heads: MedusaHeads, inputs: torch.Tensor, labels: list[torch.Tensor], rows: torch.Tensor
+    heads: MedusaHeads, inputs: torch.Tensor, tokens: list[torch.Tensor], rows: torch.Tensor
 ) -> list[float]:
+    """Per head, how often its top draft-vocabulary column is the target's own (`tokens`)."""
     with torch.no_grad():
         predicted = (heads(inputs) @ rows.T).argmax(dim=-1)
-        return [
-            float((predicted[k] == (label @ rows.T).argmax(dim=-1)).float().mean())
-            for k, label in enumerate(labels)
-        ]
+        return [float((predicted[k] == token).float().mean()) for k, token in enumerate(tokens)]
