@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tokenmill.bench.roofline.op_classes import roof_dtype
 from tokenmill.bench.roofline.probe import CPU_FEATURES, QUICK_SIZES, cpu_features, probe
 from tokenmill.kernels import ops
 
@@ -22,7 +23,12 @@ def test_bandwidth_and_every_rate_it_measured_are_positive(ceilings):
 
 def test_each_dtype_has_decode_and_prefill_shapes(ceilings):
     shapes = {(rate.dtype, rate.kernel, rate.shape) for rate in ceilings.rates}
-    for dtype, kernel in [("float32", "torch"), ("bfloat16", "torch"), ("int8", "tokenmill")]:
+    for dtype, kernel in [
+        ("float32", "torch"),
+        ("bfloat16", "torch"),
+        ("int8", "tokenmill"),
+        ("w8a8", "tokenmill"),
+    ]:
         assert {(dtype, kernel, "decode"), (dtype, kernel, "prefill")} <= shapes
 
 
@@ -61,3 +67,17 @@ def test_each_rate_keeps_its_best_pass(monkeypatch):
     ceilings = probe(replace(QUICK_SIZES, passes=3))
     measured = [rate for rate in ceilings.rates if not rate.skipped]
     assert measured and {rate.seconds for rate in measured} == {1.0}
+
+
+@pytest.mark.parametrize(
+    ("kind", "rows", "max_rows", "roof"),
+    [
+        ("int8", 16, 64, "int8"),  # within its panel kernel: the int8 rate
+        ("int8", 512, 64, "float32"),  # wider: torch's float32 GEMM on the widened weight
+        ("w8a8", 512, None, "w8a8"),  # integer products at every width: its own probed rate
+        ("bfloat16", 512, None, "bfloat16"),
+        ("nf4", 512, None, "float32"),
+    ],
+)
+def test_a_products_roof_is_the_rate_of_the_kernel_that_runs_it(kind, rows, max_rows, roof):
+    assert roof_dtype(kind, rows, max_rows) == roof

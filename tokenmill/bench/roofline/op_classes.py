@@ -32,8 +32,8 @@ CLASS_ORDER = (PRODUCTS, ATTENTION_PREFILL, ATTENTION_DECODE, KV_STORE, NORMS, S
 # Kernel formats whose products run integer dot products: their compute roof is the probe's
 # int8 or int4 rate; every other format widens its weights to float32 and runs on that roof.
 # int8 and int4 do so only up to their kernel's rows (wider, torch's float32 GEMM runs them);
-# W8A8 multiplies in int8 at every width (panels, then oneDNN's int8 GEMM).
-INTEGER_ROOFS = {"int8": "int8", "int4": "int4", "w8a8": "int8"}
+# W8A8 multiplies in int8 at every width (panels, then oneDNN's int8 GEMM): its own probed rate.
+INTEGER_ROOFS = {"int8": "int8", "int4": "int4", "w8a8": "w8a8"}
 FLOAT_WHEN_WIDE = ("int8", "int4")
 ROW_BUCKETS = ((1, "1"), (8, "2-8"), (32, "9-32"), (128, "33-128"), (512, "129-512"))
 

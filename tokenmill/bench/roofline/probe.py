@@ -3,11 +3,13 @@ each dtype at decode shapes (a few rows against a weight larger than the caches)
 shapes (hundreds of rows), with the threads the engine uses.
 
 fp32 and bf16 products are timed on torch's GEMM and on the engine's own kernels; int8 and
-int4 on the engine's panel kernels, which are what a quantized model runs. A rate the machine
-or build cannot run (no AVX512-BF16 or AMX for the bf16 kernel, no native extension) is
-skipped with a note. Each rate is the best of repeated calls over a short time budget, and
-the whole probe runs several passes, keeping each rate's best: a rate stays a ceiling when
-something else runs on the machine for a moment, where a single pass read a whole roof low.
+int4 on the engine's panel kernels, which are what a quantized model runs; W8A8 (SmoothQuant)
+on its layer as a model runs it: the int8 panels for decode rows, and for prefill rows the
+per-token quantization, oneDNN's int8 GEMM and the rescale, all three timed as one product. A
+rate the build cannot run (no native extension) is skipped with a note. Each rate is the best
+of repeated calls over a short time budget, and the whole probe runs several passes, keeping
+each rate's best: a rate stays a ceiling when something else runs on the machine for a moment,
+where a single pass read a whole roof low.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tokenmill.kernels import ops
 from tokenmill.model.layers import Linear
 from tokenmill.quant.int4 import Int4Linear
 from tokenmill.quant.int8 import Int8Linear
+from tokenmill.quant.smoothquant import SmoothQuantLinear
 
 # What each path of the engine's bfloat16 products (TOKENMILL_BF16_PRODUCTS) runs on.
 BFLOAT16_PATHS = {
@@ -64,7 +67,7 @@ QUICK_SIZES = ProbeSizes(
 class ProductRate:
     """One product timed: `rows` x [in_features] against a weight [out_features, in_features]."""
 
-    dtype: str  # float32, bfloat16, int8, int4
+    dtype: str  # float32, bfloat16, int8, int4, w8a8
     kernel: str  # torch, or tokenmill (the engine's own)
     shape: str  # decode or prefill
     rows: int
@@ -251,6 +254,15 @@ def _engine_quantized(cls: type[Int8Linear] | type[Int4Linear]) -> Callable[...,
     return make
 
 
+def _engine_w8a8(weight: torch.Tensor) -> Product:
+    """A SmoothQuant layer (no smoothing: the probe's weight has no outlier channels to move)."""
+    if ops.backend() != "native":
+        return Product(None, skipped="w8a8: the native extension is not loaded")
+    layer = SmoothQuantLinear.from_smoothed(weight)
+    layer.prepare()
+    return Product(layer, torch.float32, layer.qweight.nbytes)
+
+
 _PRODUCTS: list[tuple[str, str, Callable[[torch.Tensor], Product]]] = [
     ("float32", "torch", _torch_float32),
     ("float32", "tokenmill", _engine_linear(torch.float32)),
@@ -258,4 +270,5 @@ _PRODUCTS: list[tuple[str, str, Callable[[torch.Tensor], Product]]] = [
     ("bfloat16", "tokenmill", _engine_linear(torch.bfloat16)),
     ("int8", "tokenmill", _engine_quantized(Int8Linear)),
     ("int4", "tokenmill", _engine_quantized(Int4Linear)),
+    ("w8a8", "tokenmill", _engine_w8a8),
 ]

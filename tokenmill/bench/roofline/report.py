@@ -212,7 +212,7 @@ class RooflineReport:
         intensities = [r.gflops_per_s / r.gbytes_per_s for r in rows] or [1.0]
         low, high = min(0.1, min(intensities) / 2), max(1000.0, max(intensities) * 2)
         xs = [low * (high / low) ** (i / 64) for i in range(65)]
-        for dtype in ("float32", "bfloat16", "int8", "int4"):
+        for dtype in ("float32", "bfloat16", "int8", "int4", "w8a8"):
             compute = self.ceilings.compute_gflops(dtype)
             if compute:
                 axes.plot(xs, [min(compute, x * bandwidth) for x in xs], label=f"{dtype} roof")
@@ -224,13 +224,13 @@ class RooflineReport:
                 continue
             # Rows at nearly one point (a product's row buckets often are) stack their labels.
             here = (math.log10(intensity), math.log10(row.gflops_per_s))
-            near = sum(abs(here[0] - x) < 1.5 and abs(here[1] - y) < 0.1 for x, y in labelled)
+            near = sum(abs(here[0] - x) < 2.0 and abs(here[1] - y) < 0.1 for x, y in labelled)
             labelled.append(here)
             right_edge = here[0] > math.log10(high) - 1.5  # there the label goes left of its dot
             axes.annotate(
                 _name(row),
                 (intensity, row.gflops_per_s),
-                xytext=(-4 if right_edge else 4, 4 - 9 * near),
+                xytext=(-4 if right_edge else 4, 4 - 10 * near),
                 textcoords="offset points",
                 horizontalalignment="right" if right_edge else "left",
                 fontsize=7,
