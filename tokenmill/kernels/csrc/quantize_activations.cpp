@@ -18,13 +18,6 @@
 namespace tokenmill {
 namespace {
 
-inline float horizontal_max(__m256 v) {
-  __m128 half = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  half = _mm_max_ps(half, _mm_movehl_ps(half, half));
-  half = _mm_max_ss(half, _mm_movehdup_ps(half));
-  return _mm_cvtss_f32(half);
-}
-
 inline int32_t horizontal_sum_i32(__m256i v) {
   __m128i half = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   half = _mm_add_epi32(half, _mm_unpackhi_epi64(half, half));

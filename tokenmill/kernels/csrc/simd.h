@@ -43,6 +43,20 @@ inline float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(half);
 }
 
+inline float horizontal_min(__m256 v) {
+  __m128 half = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  half = _mm_min_ps(half, _mm_movehl_ps(half, half));
+  half = _mm_min_ss(half, _mm_movehdup_ps(half));
+  return _mm_cvtss_f32(half);
+}
+
+inline float horizontal_max(__m256 v) {
+  __m128 half = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+  half = _mm_max_ss(half, _mm_movehdup_ps(half));
+  return _mm_cvtss_f32(half);
+}
+
 // Eight bfloat16 values (bit patterns in 8 uint16 lanes) as floats, exactly: a bfloat16 is the
 // top half of a float's bits.
 inline __m256 widened_bfloat16x8(__m128i bits) {

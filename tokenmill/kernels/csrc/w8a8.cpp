@@ -34,20 +34,6 @@ namespace {
 constexpr float kMaxCode = 255.0f;
 constexpr float kMinScale = 1e-12f;
 
-inline float horizontal_min(__m256 v) {
-  __m128 half = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  half = _mm_min_ps(half, _mm_movehl_ps(half, half));
-  half = _mm_min_ss(half, _mm_movehdup_ps(half));
-  return _mm_cvtss_f32(half);
-}
-
-inline float horizontal_max(__m256 v) {
-  __m128 half = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  half = _mm_max_ps(half, _mm_movehl_ps(half, half));
-  half = _mm_max_ss(half, _mm_movehdup_ps(half));
-  return _mm_cvtss_f32(half);
-}
-
 // Eight codes clamp(round(x * inverse) + zero, 0, 255) as int32 lanes.
 inline __m256i codes8(__m256 x, __m256 inverse, __m256 zero) {
   const __m256 steps = _mm256_round_ps(_mm256_mul_ps(x, inverse),
