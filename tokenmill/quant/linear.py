@@ -81,15 +81,29 @@ class QuantLinear(nn.Module, ABC):
         return f"in_features={self.in_features}, out_features={self.out_features}, {options}"
 
 
-class PanelCache:
-    """A quantized layer's weight regrouped for the native kernels (`ops.QuantPanels`), made on
-    first use and again whenever the row-major tensors it came from change (a checkpoint loaded
-    into them, a copy of the layer). Not a parameter: checkpoints hold only the row-major form,
-    which the reference path and the wide products read."""
+class DerivedCache:
+    """Something a layer derives from its row-major tensors (a kernel's copy of the weight, row
+    sums), made on first use and again whenever those tensors change (a checkpoint loaded into
+    them, a copy of the layer). Not a parameter: checkpoints hold only the row-major form."""
 
     def __init__(self) -> None:
-        self._panels: ops.QuantPanels | None = None
+        self._value: Any = None
         self._source: tuple[tuple[int, int], ...] | None = None
+
+    def get(self, tensors: tuple[torch.Tensor, ...], make: Callable[[], Any]) -> Any:
+        """What `make()` derives from `tensors`, remade when any of them changed."""
+        # Tensors made under inference_mode have no version counter: those count as unchanged.
+        source = tuple((t.data_ptr(), -1 if t.is_inference() else t._version) for t in tensors)
+        if source != self._source:
+            with torch.no_grad():
+                self._value = make()
+            self._source = source
+        return self._value
+
+
+class PanelCache(DerivedCache):
+    """A quantized layer's weight regrouped for the native kernels (`ops.QuantPanels`), which the
+    reference path and the wide products never read."""
 
     def get(
         self, tensors: tuple[torch.Tensor, ...], pack: Callable[[], ops.QuantPanels]
@@ -98,13 +112,7 @@ class PanelCache:
         them."""
         if ops.backend() != "native":
             return None
-        # Tensors made under inference_mode have no version counter: those count as unchanged.
-        source = tuple((t.data_ptr(), -1 if t.is_inference() else t._version) for t in tensors)
-        if source != self._source:
-            with torch.no_grad():
-                self._panels = pack()
-            self._source = source
-        return self._panels
+        return super().get(tensors, pack)
 
 
 class PanelQuantLinear(QuantLinear):

@@ -36,6 +36,7 @@ from tokenmill.quant.calibrated import (
 from tokenmill.quant.layerwise import LAYER_LINEARS, LayerInputs, replace_module
 from tokenmill.quant.linear import (
     QUANT_BLOCK,
+    DerivedCache,
     PanelCache,
     QuantLinear,
     frozen,
@@ -80,8 +81,7 @@ class SmoothQuantLinear(QuantLinear):
         # The panel kernel sees the per-row scale as one group spanning the padded row.
         self.kernel_group_size = num_groups(in_features, QUANT_BLOCK) * QUANT_BLOCK
         self.reference = reference_requested()  # the switch's baseline, read when built
-        self._gemm: tuple[tuple[tuple[int, int], ...], ops.OneDNNWeight | None, torch.Tensor] | None
-        self._gemm = None
+        self._gemm = DerivedCache()  # oneDNN's copy of the codes and the scaled row sums
         self._panels = PanelCache()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -131,16 +131,12 @@ class SmoothQuantLinear(QuantLinear):
     def _packed(self) -> tuple[ops.OneDNNWeight | None, torch.Tensor]:
         """oneDNN's copy of the weight codes (None without oneDNN) and each row's code sum
         times its scale, rebuilt whenever those change (a checkpoint loading into them)."""
-        source = tuple(
-            (t.data_ptr(), -1 if t.is_inference() else t._version)
-            for t in (self.qweight, self.scales)
-        )
-        if self._gemm is None or self._gemm[0] != source:
-            with torch.no_grad():
-                row_sums = self.qweight.sum(dim=1, dtype=torch.int32).float() * self.scales
-                onednn = ops.OneDNNWeight(self.qweight) if ops.ONEDNN_AVAILABLE else None
-            self._gemm = (source, onednn, row_sums)
-        return self._gemm[1], self._gemm[2]
+        return self._gemm.get((self.qweight, self.scales), self._make_gemm)
+
+    def _make_gemm(self) -> tuple[ops.OneDNNWeight | None, torch.Tensor]:
+        row_sums = self.qweight.sum(dim=1, dtype=torch.int32).float() * self.scales
+        onednn = ops.OneDNNWeight(self.qweight) if ops.ONEDNN_AVAILABLE else None
+        return onednn, row_sums
 
     @classmethod
     def from_smoothed(
