@@ -14,16 +14,10 @@ import torch
 from tokenmill.kernels import ops
 from tokenmill.quant.int4 import pack_int4
 
+from .cases import needs_native, relative_error
+
 KERNEL_MAX_RELATIVE_ERROR = 1e-5
 ROWS = [1, 4, 64, 256]  # the last is past QUANT_KERNEL_MAX_ROWS: the dequantized fp32 product
-
-needs_native = pytest.mark.skipif(
-    ops.backend() != "native", reason="native kernels did not load on this machine"
-)
-
-
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((actual - expected).abs().max() / expected.abs().max()).item()
 
 
 def q5_0_from_codes(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, ...]:

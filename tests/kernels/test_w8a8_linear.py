@@ -15,7 +15,8 @@ import torch
 from tokenmill.kernels import ops
 from tokenmill.kernels.w8a8_linear import int8_gemm_reference
 
-needs_native = pytest.mark.skipif(ops.backend() != "native", reason="needs the native kernels")
+from .cases import needs_native
+
 needs_onednn = pytest.mark.skipif(not ops.ONEDNN_AVAILABLE, reason="needs torch's oneDNN")
 
 
