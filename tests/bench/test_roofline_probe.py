@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from tokenmill.bench.roofline.op_classes import roof_dtype
-from tokenmill.bench.roofline.probe import CPU_FEATURES, QUICK_SIZES, cpu_features, probe
+from tokenmill.bench.roofline.probe import (
+    CPU_FEATURES,
+    QUICK_SIZES,
+    cpu_features,
+    probe,
+    probe_step_reads,
+)
 from tokenmill.kernels import ops
 
 
@@ -45,6 +51,19 @@ def test_the_engines_kernels_are_skipped_with_a_note_without_the_extension(monke
     assert engine_rates and all(rate.skipped for rate in engine_rates)
     assert all(rate.seconds > 0 for rate in ceilings.rates if rate.kernel == "torch")
     assert ceilings.kernels == "torch" and ceilings.notes
+
+
+def test_a_step_smaller_than_the_dram_buffer_gets_its_own_read_rate(ceilings):
+    step = QUICK_SIZES.bandwidth_bytes // 8
+    probe_step_reads(ceilings, step, QUICK_SIZES)
+    assert ceilings.step_read_bytes == step and ceilings.step_read_gbps > 0
+    assert ceilings.memory_gbps == ceilings.step_read_gbps
+
+
+def test_a_step_as_large_as_the_dram_buffer_keeps_the_dram_roof():
+    ceilings = probe(QUICK_SIZES)
+    probe_step_reads(ceilings, QUICK_SIZES.bandwidth_bytes, QUICK_SIZES)
+    assert ceilings.step_read_gbps == 0.0 and ceilings.memory_gbps == ceilings.dram_read_gbps
 
 
 def test_cpu_features_are_among_the_known_ones():

@@ -94,6 +94,15 @@ def test_each_step_reads_the_layers_weights_once(name, request, smollm):
     assert sum(c.bytes for c in products) == layer_bytes * (1 + DECODE_STEPS)
 
 
+def test_a_steps_reads_are_at_least_the_layers_weights(native, smollm):
+    layer_bytes = sum(
+        linear.weight.nbytes
+        for layer in smollm.model.layers
+        for linear in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+    )
+    assert layer_bytes < native.read_bytes_per_step
+
+
 def test_profiling_adds_little_to_the_run(native):
     """A loose bound: the machine is shared while tests run; quiet runs stay within a few %."""
     assert native.unprofiled_s is not None

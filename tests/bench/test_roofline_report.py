@@ -60,13 +60,38 @@ def test_the_table_names_every_class_the_totals_and_the_biggest_gaps():
     assert "note: a note" in table
 
 
+def test_memory_rows_take_the_step_sized_buffers_rate_where_it_was_measured():
+    ceilings = _ceilings()
+    ceilings.step_read_bytes, ceilings.step_read_gbps = 100_000_000, 40.0
+    row = assess(_profile().classes[0], ceilings, 3.0)
+    assert row.bound == MEMORY and row.roof == pytest.approx(40.0)
+    assert (
+        "a step's reads (95 MiB, the memory roof) 40.0 GB/s"
+        in RooflineReport(ceilings, _profile()).table()
+    )
+
+
+def test_the_run_is_set_against_its_products_its_bytes_and_every_class_at_its_roof():
+    bounds = RooflineReport(_ceilings(), _profile()).bounds()
+    assert bounds.seconds == pytest.approx(2.9)  # the unprofiled run
+    assert bounds.products_s == pytest.approx(52e9 / 100e9)
+    assert bounds.bytes_s == pytest.approx(3.1e9 / 10e9)
+    # 1 GB at 10 GB/s, 50 GFLOP at 100 GFLOP/s, 2 GB at 10 GB/s; sampling and host: none
+    assert bounds.classes_s == pytest.approx(0.1 + 0.5 + 0.2)
+    assert bounds.share(bounds.classes_s) == pytest.approx(0.8 / 2.9)
+    table = RooflineReport(_ceilings(), _profile()).table()
+    assert "the run (2.90 s) against its roofs: products at their rates 0.52 s (18%)" in table
+
+
 def test_the_json_round_trips(tmp_path):
     report = RooflineReport(_ceilings(), _profile())
     path = tmp_path / "roofline.json"
     report.write_json(path)
     again = RooflineReport.read_json(path)
     assert again == report
-    assert json.loads(path.read_text())["rows"][0]["unit"] == "GB/s"
+    payload = json.loads(path.read_text())
+    assert payload["rows"][0]["unit"] == "GB/s"
+    assert payload["bounds"]["classes_s"] == pytest.approx(0.8)
 
 
 def test_the_png_is_drawn(tmp_path):

@@ -2,6 +2,10 @@
 each dtype at decode shapes (a few rows against a weight larger than the caches) and prefill
 shapes (hundreds of rows), with the threads the engine uses.
 
+A model whose weights fit in the last-level cache reads them from the cache every step, faster
+than DRAM: its memory roof is the read rate of a buffer as large as one step's reads
+(`probe_step_reads`, measured once the profile says how large that is).
+
 fp32 and bf16 products are timed on torch's GEMM and on the engine's own kernels; int8 and
 int4 on the engine's panel kernels, which are what a quantized model runs; W8A8 (SmoothQuant)
 on its layer as a model runs it: the int8 panels for decode rows, and for prefill rows the
@@ -98,6 +102,15 @@ class Ceilings:
     dram_read_gbps: float
     rates: list[ProductRate] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # One step's reads of the profiled run and the rate a buffer of that size reads at; 0 when
+    # not measured (the reads are at least the DRAM probe's buffer, or no profile ran).
+    step_read_bytes: int = 0
+    step_read_gbps: float = 0.0
+
+    @property
+    def memory_gbps(self) -> float:
+        """The memory roof: the step-sized buffer's read rate where measured, else DRAM's."""
+        return self.step_read_gbps or self.dram_read_gbps
 
     def compute_gflops(self, dtype: str) -> float:
         """The best product rate measured in `dtype` (0 when none ran): its compute roof."""
@@ -135,12 +148,24 @@ def best_seconds(call: Callable[..., object], budget_s: float, *args: object) ->
             return best
 
 
-def dram_read_gbps(num_bytes: int, budget_s: float, passes: int = 1) -> float:
+def read_gbps(num_bytes: int, budget_s: float, passes: int = 1) -> float:
     """Bytes per second that a sum over a buffer of `num_bytes` reads, with torch's threads:
-    the best of `passes` timings."""
-    buffer = torch.ones(num_bytes // 4, dtype=torch.float32)
+    the best of `passes` timings (after a warm-up, so a buffer that fits in a cache is read
+    from it)."""
+    buffer = torch.ones(max(num_bytes // 4, 1), dtype=torch.float32)
     seconds = min(best_seconds(buffer.sum, budget_s) for _ in range(max(passes, 1)))
-    return num_bytes / seconds / 1e9
+    return buffer.nbytes / seconds / 1e9
+
+
+def probe_step_reads(
+    ceilings: Ceilings, step_read_bytes: int, sizes: ProbeSizes = ProbeSizes()
+) -> None:
+    """Measures the read rate of a buffer of one step's reads into `ceilings`, where those are
+    smaller than the DRAM probe's buffer (larger ones read from DRAM: its rate stands)."""
+    if not 0 < step_read_bytes < sizes.bandwidth_bytes:
+        return
+    ceilings.step_read_bytes = step_read_bytes
+    ceilings.step_read_gbps = read_gbps(step_read_bytes, 2 * sizes.seconds_per_rate, sizes.passes)
 
 
 def probe(sizes: ProbeSizes = ProbeSizes()) -> Ceilings:
@@ -150,9 +175,7 @@ def probe(sizes: ProbeSizes = ProbeSizes()) -> Ceilings:
         cpu_capability=torch.backends.cpu.get_cpu_capability(),
         cpu_features=cpu_features(),
         kernels=ops.backend(),
-        dram_read_gbps=dram_read_gbps(
-            sizes.bandwidth_bytes, 2 * sizes.seconds_per_rate, sizes.passes
-        ),
+        dram_read_gbps=read_gbps(sizes.bandwidth_bytes, 2 * sizes.seconds_per_rate, sizes.passes),
     )
     if os.environ.get("TOKENMILL_AVX512") == "0":
         ceilings.notes.append("TOKENMILL_AVX512=0: the engine's kernels run their AVX2 paths")

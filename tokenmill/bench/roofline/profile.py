@@ -68,6 +68,12 @@ class Profile:
     classes: list[ClassTime] = field(default_factory=list)  # the host row last
 
     @property
+    def read_bytes_per_step(self) -> int:
+        """What a step reads on average (weights, KV and activations, as the classes count)."""
+        steps = sum(self.steps.values())
+        return int(sum(c.bytes for c in self.classes) / steps) if steps else 0
+
+    @property
     def overhead(self) -> float | None:
         """How much longer the profiled run took than the plain one (a fraction)."""
         if not self.unprofiled_s:

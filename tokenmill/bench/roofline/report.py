@@ -1,12 +1,17 @@
 """The roofline report: each op class's time and share of the run, its achieved rate and that
 rate's share of the machine's roof, as a table, JSON and a PNG.
 
-A class's roof is the roofline's: its arithmetic intensity (operations per byte) times the DRAM
-bandwidth, capped by the compute rate of its dtype. Below the ridge it is memory-bound and its
+A class's roof is the roofline's: its arithmetic intensity (operations per byte) times the
+memory roof (DRAM bandwidth, or the cache's where one step's reads fit in it), capped by the
+compute rate of its dtype. Below the ridge it is memory-bound and its
 rate is in GB/s against the bandwidth; above it, compute-bound, in GFLOP/s against the dtype's
 product rate. Classes that only move bytes (KV stores, norms) are memory-bound; sampling and
 host time have no rate. "Time over the roof" is what a class would save running at its roof:
 the gaps worth closing first.
+
+The whole run is set against the same roofs three ways: its products' work at their dtypes'
+rates (the bound a batch's compute sets), every byte it reads at the memory roof (the bound a
+single stream's weight reads set), and every class at its own roof.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from tokenmill.bench.report import markdown_table, write_json
-from tokenmill.bench.roofline.op_classes import CLASS_ORDER, HOST
+from tokenmill.bench.roofline.op_classes import CLASS_ORDER, HOST, PRODUCTS
 from tokenmill.bench.roofline.probe import Ceilings
 from tokenmill.bench.roofline.profile import ClassTime, Profile
 
@@ -65,7 +70,7 @@ def assess(entry: ClassTime, ceilings: Ceilings, total_s: float) -> ClassRow:
     seconds = entry.seconds
     gflops = entry.flops / seconds / 1e9 if seconds else 0.0
     gbytes = entry.bytes / seconds / 1e9 if seconds else 0.0
-    bandwidth = ceilings.dram_read_gbps
+    bandwidth = ceilings.memory_gbps
     compute = ceilings.compute_gflops(entry.roof_dtype) if entry.flops else 0.0
     bound, rate, roof = "", 0.0, 0.0
     if (
@@ -80,6 +85,21 @@ def assess(entry: ClassTime, ceilings: Ceilings, total_s: float) -> ClassRow:
     return ClassRow(
         entry.op_class, entry.label, seconds, share, entry.calls, bound, rate, roof, gflops, gbytes
     )
+
+
+@dataclass(frozen=True)
+class RunBounds:
+    """The whole run's time against the roofs: `seconds` (unprofiled where it ran) and what
+    its products' FLOPs, its bytes, and every class would take at their roofs."""
+
+    seconds: float
+    products_s: float
+    bytes_s: float
+    classes_s: float
+
+    def share(self, bound_s: float) -> float:
+        """The run's rate as a share of the bound's (1: at the roof)."""
+        return bound_s / self.seconds if self.seconds else 0.0
 
 
 @dataclass
@@ -101,6 +121,19 @@ class RooflineReport:
             totals[row.op_class] = totals.get(row.op_class, 0.0) + row.seconds
         return totals
 
+    def bounds(self) -> RunBounds:
+        profile, ceilings = self.profile, self.ceilings
+        products_s = 0.0
+        for entry in profile.classes:
+            compute = ceilings.compute_gflops(entry.roof_dtype) if entry.flops else 0.0
+            if entry.op_class == PRODUCTS and compute:
+                products_s += entry.flops / compute / 1e9
+        total_bytes = sum(entry.bytes for entry in profile.classes)
+        bytes_s = total_bytes / ceilings.memory_gbps / 1e9 if ceilings.memory_gbps else 0.0
+        classes_s = sum(row.seconds - row.over_roof_s for row in self.rows())
+        seconds = profile.unprofiled_s or profile.profiled_s
+        return RunBounds(seconds, products_s, bytes_s, classes_s)
+
     def biggest_gaps(self, count: int = 3) -> list[ClassRow]:
         return sorted(self.rows(), key=lambda r: -r.over_roof_s)[:count]
 
@@ -117,6 +150,13 @@ class RooflineReport:
         if profile.unprofiled_s and profile.overhead is not None:
             totals += f", unprofiled {profile.unprofiled_s:.2f} s ({profile.overhead:+.1%})"
         gaps = "; ".join(f"{_name(r)} {r.over_roof_s:.2f} s" for r in self.biggest_gaps())
+        b = self.bounds()
+        against = (
+            f"the run ({b.seconds:.2f} s) against its roofs: products at their rates "
+            f"{b.products_s:.2f} s ({b.share(b.products_s):.0%}); every byte at "
+            f"{self.ceilings.memory_gbps:.1f} GB/s {b.bytes_s:.2f} s ({b.share(b.bytes_s):.0%}); "
+            f"every class at its roof {b.classes_s:.2f} s ({b.share(b.classes_s):.0%})"
+        )
         return "\n".join(
             [
                 f"roofline: workload {profile.workload}; {engine}",
@@ -128,6 +168,7 @@ class RooflineReport:
                 f"steps by path: {paths}",
                 f"{totals}; {profile.output_tokens} output tokens",
                 f"biggest gaps (time over the roof): {gaps}",
+                against,
                 *(f"note: {note}" for note in self.ceilings.notes),
             ]
         )
@@ -139,6 +180,11 @@ class RooflineReport:
             f"{' '.join(c.cpu_features) or 'features unknown'}, kernels {c.kernels}; "
             f"DRAM read {c.dram_read_gbps:.1f} GB/s"
         )
+        if c.step_read_gbps:
+            head += (
+                f"; a step's reads ({c.step_read_bytes / 2**20:.0f} MiB, the memory roof) "
+                f"{c.step_read_gbps:.1f} GB/s"
+            )
         rows = [
             [
                 r.dtype,
@@ -179,6 +225,7 @@ class RooflineReport:
                 {**dataclasses.asdict(row), "unit": row.unit, "roof_share": row.roof_share}
                 for row in self.rows()
             ],
+            "bounds": dataclasses.asdict(self.bounds()),
         }
 
     @classmethod
@@ -207,7 +254,7 @@ class RooflineReport:
         return path
 
     def _draw_roofline(self, axes: Any) -> None:
-        bandwidth = self.ceilings.dram_read_gbps
+        bandwidth = self.ceilings.memory_gbps
         rows = [r for r in self.rows() if r.gflops_per_s > 0 and r.gbytes_per_s > 0]
         intensities = [r.gflops_per_s / r.gbytes_per_s for r in rows] or [1.0]
         low, high = min(0.1, min(intensities) / 2), max(1000.0, max(intensities) * 2)

@@ -36,15 +36,17 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from tokenmill.bench.roofline.probe import QUICK_SIZES, ProbeSizes, probe
+    from tokenmill.bench.roofline.probe import QUICK_SIZES, ProbeSizes, probe, probe_step_reads
     from tokenmill.bench.roofline.profile import profile_workload
     from tokenmill.bench.roofline.report import RooflineReport
     from tokenmill.bench.workloads import load_workload
 
     requests = load_workload(ns.workload)  # a bad workload fails before the probe
     args = engine_args_from(ns)
-    ceilings = probe(QUICK_SIZES if ns.quick_probe else ProbeSizes())
+    sizes = QUICK_SIZES if ns.quick_probe else ProbeSizes()
+    ceilings = probe(sizes)
     profile = profile_workload(args, requests, ns.workload, unprofiled=not ns.no_unprofiled)
+    probe_step_reads(ceilings, profile.read_bytes_per_step, sizes)
     report = RooflineReport(ceilings, profile)
     print(report.table())
     if ns.json:
