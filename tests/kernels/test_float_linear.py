@@ -139,10 +139,10 @@ def test_native_prepacked_weight_serves_only_inference_batches_up_to_its_limit(
 @pytest.mark.parametrize("k", [1, 7, 64, 577])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_native_packed_linear_matches_f_linear_for_odd_shapes(k: int, with_bias: bool) -> None:
-    """Row counts of the narrow tiles, around the 6-row chunk, the 12-row zmm tile and the 96-row
-    pass; N around the 16-output panel and the narrow tiles' groups of panels."""
+    """Row counts of the narrow and the few-rows tiles, around the 6-row chunk, the 12-row zmm tile
+    and the 96-row pass; N around the 16-output panel and the tiles' groups of panels."""
     gen = torch.Generator().manual_seed(k)
-    for m in (1, 2, 3, 4, 5, 6, 7, 9, 12, 33, 95, 96, 97, 200, ops.PREPACKED_MAX_ROWS):
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 33, 95, 96, 97, 200, ops.PREPACKED_MAX_ROWS):
         for n in (1, 15, 16, 17, 70, 129):
             x, weight = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
             bias = torch.randn(n, generator=gen) if with_bias else None

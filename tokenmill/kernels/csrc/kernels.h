@@ -15,6 +15,10 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight,
 at::Tensor pack_linear_weight(const at::Tensor& weight);
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                          const std::optional<at::Tensor>& bias);
+// Whether products of a few rows of x may take the few-rows tiles on AVX-512 (packed_linear.cpp,
+// bfloat16_widen.inc): TOKENMILL_FEW_ROW_TILES=0 leaves them out, the baseline they are measured
+// against (outputs are the same).
+bool few_row_tiles_allowed();
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                       const std::optional<at::Tensor>& bias);
 bool amx_available();

@@ -26,6 +26,10 @@
 // in cache, even before the two-chunk tile, it beat both the AVX2 tile and oneDNN's 512-bit
 // GEMM on its packed copy over SmolLM2's layer products at 16 and 64 rows.
 //
+// Products of 1 to 9 rows (a decode of a few streams, a speculative verification) take the
+// few-rows tiles instead where AVX-512 runs (see there): no padding rows, and more panels
+// streaming at once the fewer the rows. Their outputs are the other tiles' bits too.
+//
 // A decode step's weights come from DRAM, though, and there the tile's wide products were
 // slower than arithmetic and memory would explain: the first tile call over a panel waited on
 // DRAM, the calls after it computed from L2 while DRAM sat idle. Software prefetches
@@ -36,8 +40,13 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
+#include <utility>
 
+#include "kernels.h"
 #include "prefetch.h"
 #include "simd.h"
 #include "team.h"
@@ -228,6 +237,101 @@ void narrow_product(const float* x, int64_t k, const float* w, int64_t panels,
   }
 }
 
+// The few-rows tiles (AVX-512) take every product of 1 to kFewRowsMax rows: x's rows by up to 4
+// adjacent panels, one zmm sum per row and panel. They compute no padding rows (the 12-row zmm
+// tile spends a quarter of its FMAs on them at 9 rows, a third at 8), and the fewer the rows,
+// the more panels stream from memory at once (4 up to 6 rows, 3 up to 9), which is what a
+// product bound by DRAM needs: over SmolLM2's products with weights from DRAM they beat the
+// narrow and the 12-row tiles at 1 to 9 rows. Past 9 rows they would be little more than the
+// 12-row tile without its padding, which measured no faster, so the bound stops there.
+// TOKENMILL_FEW_ROW_TILES=0 leaves them out (the baseline).
+constexpr int64_t kFewRowsMax = 9;
+constexpr int64_t kFewMaxPanels = 4;
+
+// Panels per few-rows tile of `rows` rows: at most 27 sums, so the sums and the panels' weight
+// vectors fit in the 32 zmm registers.
+constexpr int64_t few_rows_panels(int64_t rows) { return rows <= 6 ? 4 : 3; }
+
+const bool kFewRowTiles = avx512_usable() && few_row_tiles_allowed();
+
+bool few_rows_run(int64_t m) { return kFewRowTiles && m >= 1 && m <= kFewRowsMax; }
+
+// `Rows` rows of x (packed k-major, [k, Rows]) by `Panels` adjacent panels of W, into y's rows
+// (`ldy` apart); the last panel has `valid` real outputs. Each output's sum takes its k in order,
+// one FMA each, then the bias, as in the other tiles, so its bits do not depend on the tile.
+template <int Rows, int Panels>
+[[gnu::target("avx512f,avx512dq")]] void few_rows_tile(const float* x, const float* w, int64_t k,
+                                                       const float* bias, float* y, int64_t ldy,
+                                                       int64_t valid, PassPrefetch ahead) {
+  __m512 c[Rows][Panels];
+#pragma GCC unroll 24
+  for (int j = 0; j < Rows * Panels; ++j) c[j / Panels][j % Panels] = _mm512_setzero_ps();
+  const float* panel[Panels];
+#pragma GCC unroll 4
+  for (int p = 0; p < Panels; ++p) panel[p] = w + p * k * kPanel;
+#pragma GCC unroll 2
+  for (int64_t i = 0; i < k; ++i, x += Rows) {
+    __m512 v[Panels];
+#pragma GCC unroll 4
+    for (int p = 0; p < Panels; ++p) {
+      v[p] = _mm512_loadu_ps(panel[p]);
+      ahead.own(panel[p], kPanel * sizeof(float));
+      panel[p] += kPanel;
+    }
+    ahead.next_step();
+#pragma GCC unroll 12
+    for (int r = 0; r < Rows; ++r) {
+      const __m512 a = _mm512_set1_ps(x[r]);
+#pragma GCC unroll 4
+      for (int p = 0; p < Panels; ++p) c[r][p] = _mm512_fmadd_ps(a, v[p], c[r][p]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int p = 0; p < Panels; ++p) {
+    const int64_t outputs = p == Panels - 1 ? valid : kPanel;
+    const PanelBias biases = panel_bias(bias == nullptr ? nullptr : bias + p * kPanel, outputs);
+    for (int r = 0; r < Rows; ++r)
+      store_outputs(_mm512_castps512_ps256(c[r][p]), _mm512_extractf32x8_ps(c[r][p], 1), biases,
+                    y + r * ldy + p * kPanel, outputs);
+  }
+}
+
+using FewRowsTile = void (*)(const float*, const float*, int64_t, const float*, float*, int64_t,
+                             int64_t, PassPrefetch);
+
+template <int Panels, int... Rows>
+constexpr std::array<FewRowsTile, sizeof...(Rows)> few_rows_tiles(
+    std::integer_sequence<int, Rows...>) {
+  return {&few_rows_tile<Rows + 1, Panels>...};
+}
+
+// kFewRowsTiles[panels - 1][rows - 1].
+constexpr std::array<std::array<FewRowsTile, kFewRowsMax>, kFewMaxPanels> kFewRowsTiles = {
+    few_rows_tiles<1>(std::make_integer_sequence<int, kFewRowsMax>{}),
+    few_rows_tiles<2>(std::make_integer_sequence<int, kFewRowsMax>{}),
+    few_rows_tiles<3>(std::make_integer_sequence<int, kFewRowsMax>{}),
+    few_rows_tiles<4>(std::make_integer_sequence<int, kFewRowsMax>{})};
+
+// x's m rows (row stride k) k-major at xp ([k, m]), then all of them over every group of panels
+// in one pass over W.
+void few_rows_product(const float* xs, int64_t m, int64_t k, const float* w, int64_t panels,
+                      const float* bias, float* y, int64_t n, float* xp) {
+#pragma omp for schedule(static)
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t i = 0; i < k; ++i) xp[i * m + r] = xs[r * k + i];
+  const int64_t group = few_rows_panels(m);
+  const int64_t steps = (panels + group - 1) / group;
+#pragma omp for schedule(static)
+  for (int64_t step = 0; step < steps; ++step) {
+    const int64_t p = step * group, count = std::min(group, panels - p);
+    const int64_t valid = std::min(kPanel, n - (p + count - 1) * kPanel);
+    // The panels stream as in a pass's first tile call (prefetch.h).
+    kFewRowsTiles[count - 1][m - 1](xp, w + p * k * kPanel, k,
+                                    bias == nullptr ? nullptr : bias + p * kPanel,
+                                    y + p * kPanel, n, valid, PassPrefetch(true, nullptr, 0, k));
+  }
+}
+
 // Rows [0, rows) of x (row stride k) into chunks of 6 rows, k-major; rows past the end are 0.
 void pack_rows(const float* x, int64_t rows, int64_t k, float* out) {
   for (int64_t r = 0; r < kChunk; ++r)
@@ -238,6 +342,11 @@ void pack_rows(const float* x, int64_t rows, int64_t k, float* out) {
 }
 
 }  // namespace
+
+bool few_row_tiles_allowed() {
+  const char* setting = std::getenv("TOKENMILL_FEW_ROW_TILES");
+  return setting == nullptr || std::strcmp(setting, "0") != 0;
+}
 
 at::Tensor pack_linear_weight(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat,
@@ -263,6 +372,7 @@ void check_packed_linear_weight(const char* op, const at::Tensor& packed, int64_
 }
 
 int64_t packed_linear_scratch_bytes(int64_t m, int64_t k) {
+  if (few_rows_run(m)) return m * k * static_cast<int64_t>(sizeof(float));
   return m <= kNarrowMaxRows ? 0 : (m + kChunk - 1) / kChunk * k * kChunk * sizeof(float);
 }
 
@@ -272,6 +382,10 @@ void packed_linear_team(const at::Tensor& x, const at::Tensor& packed, const flo
   const float* xs = x.data_ptr<float>();
   const float* w = packed.data_ptr<float>();
   float* out = y.data_ptr<float>();
+  if (few_rows_run(m)) {
+    few_rows_product(xs, m, k, w, panels, bias, out, n, static_cast<float*>(scratch));
+    return;
+  }
   if (m <= kNarrowMaxRows) {
     const auto product =
         m == 1 ? narrow_product<1> : m == 2 ? narrow_product<2> : narrow_product<3>;
