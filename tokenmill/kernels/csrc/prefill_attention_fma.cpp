@@ -24,6 +24,9 @@ namespace tokenmill {
 namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
+// Below this many multiply-adds a call runs on the calling thread alone (team.h's rule for
+// the other kernels, counted in the work this kernel does).
+constexpr int64_t kParallelMinMacs = int64_t{1} << 20;
 
 // The call's tensors and shapes. Query and output rows are the last n of the S context
 // positions; strides count elements between positions, and a position's heads lie side by side.
