@@ -108,3 +108,25 @@ def test_native_paged_attention_rejects_lengths_past_the_block_table() -> None:
     q, kv_cache, tables, _ = random_paged_batch([16], 2, 1)
     with pytest.raises(RuntimeError, match="outside"):
         ops._NATIVE.paged_decode_attention(q, kv_cache, tables, torch.tensor([17]), 1.0)
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim"),
+    [(8, 2, 256), (9, 3, 64), (10, 2, 80), (6, 3, 48)],
+    ids=["group4-dim256", "group3-dim64", "group5-dim80", "group2-dim48"],
+)
+def test_native_paged_attention_reads_a_bfloat16_cache_for_any_group(
+    heads: int, kv_heads: int, head_dim: int
+) -> None:
+    """Groups of 4, 3, 5 (4 + 1) and 2 query heads, whose scores the AVX-512 path reduces a run
+    of up to 4 heads at a time: each the float32 attention over the same values, rounded once."""
+    torch.manual_seed(head_dim)
+    q, kv_cache, tables, lens = random_paged_batch(
+        [1, 17, 100, 700] * 2, heads, kv_heads, head_dim=head_dim
+    )
+    q, kv_cache = q.bfloat16(), kv_cache.bfloat16()
+    out = ops._NATIVE.paged_decode_attention(q, kv_cache, tables, lens, 0.1, 0)
+    exact = ops.paged_decode_attention_reference(q.float(), kv_cache.float(), tables, lens, 0.1)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), exact, atol=1e-2, rtol=1e-2)

@@ -1,8 +1,9 @@
 """Attention: a prompt's causal attention over its new positions, and decode attention (one
 query token per sequence) read through a paged KV cache's block tables.
 
-Native: prefill on AMX tiles (csrc/prefill_attention.cpp), decode over the cache in place with
-an online softmax (csrc/paged_attention.cpp). Decode attention takes an optional key mask
+Native: prefill flash-style on AMX tiles (csrc/prefill_attention.cpp) where they run, else on
+FMAs (csrc/prefill_attention_fma.cpp); decode over the cache in place with an online softmax
+(csrc/paged_attention.cpp). Decode attention takes an optional key mask
 over each query's last keys: a draft tree's nodes verify as decodes that see only their own
 ancestors. The references run torch's SDPA; `decode_sdpa` also serves the quantized cache's
 reference (`quantized_kv`).
@@ -10,14 +11,19 @@ reference (`quantized_kv`).
 
 from __future__ import annotations
 
+import os
 from types import ModuleType
 
 import torch
 from torch.nn import functional as F
 
-from tokenmill.kernels.dispatch import float32_or_bfloat16, native_friendly, native_or
-from tokenmill.kernels.extension import amx_available
+from tokenmill.kernels.dispatch import float32_or_bfloat16, native_or
 from tokenmill.kernels.kv_store import gather_blocks
+
+# "sdpa" keeps prompt attention on torch's SDPA (the reference) while every other kernel stays
+# native: the baseline the native prefill kernels are measured against. Read once, at import.
+PREFILL_ATTENTION_ENV = "TOKENMILL_PREFILL_ATTENTION"
+NATIVE_PREFILL_ATTENTION = os.environ.get(PREFILL_ATTENTION_ENV, "native").strip().lower() != "sdpa"
 
 
 def prefill_attention_reference(
@@ -67,14 +73,13 @@ def _prefill_attention_fits(
     scale: float,
     window: int | None = None,
 ) -> bool:
-    if not (amx_available() and native_friendly((q, k, v), torch.bfloat16)):
+    if not (NATIVE_PREFILL_ATTENTION and float32_or_bfloat16((q, k, v))):
         return False
     if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape:
         return False
     head_dim = q.shape[2]
     return (
-        head_dim % 32 == 0
-        and head_dim <= 256
+        head_dim <= 256
         and k.shape[2] == head_dim
         and q.shape[1] % k.shape[1] == 0
         and 1 <= q.shape[0] <= k.shape[0]
@@ -95,9 +100,11 @@ def prefill_attention(
     positions whose keys and values are k and v [S, kv_heads, d]; GQA by head groups. With a
     sliding `window`, each position also sees only itself and the `window - 1` before it.
 
-    A bfloat16 model's runs on AMX tiles (csrc/prefill_attention.cpp) where the CPU has them and
-    each position's heads are contiguous with a head_dim a multiple of 32 up to 256; anything
-    else runs torch's SDPA."""
+    Native where each position's heads are contiguous, of a head_dim up to 256, in float32 or
+    bfloat16: a bfloat16 model's on AMX tiles (csrc/prefill_attention.cpp) where the CPU has them
+    and the head_dim is a multiple of 32, everything else on float32 FMAs, bfloat16 widened
+    (csrc/prefill_attention_fma.cpp). Anything else, or `TOKENMILL_PREFILL_ATTENTION=sdpa`, runs
+    torch's SDPA."""
     return native.prefill_attention(q, k, v, scale, window or 0)
 
 

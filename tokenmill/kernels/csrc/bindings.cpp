@@ -48,7 +48,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("window") = 0, py::arg("key_mask") = py::none(),
         py::call_guard<py::gil_scoped_release>());
   m.def("prefill_attention", &tokenmill::prefill_attention,
-        "causal attention of bfloat16 q [n, H, d], the last n of k and v's [S, KVH, d], on AMX",
+        "causal attention of q [n, H, d], the last n of k and v's [S, KVH, d]: on AMX tiles "
+        "where they take it, else on FMAs",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("window") = 0,
+        py::call_guard<py::gil_scoped_release>());
+  m.def("prefill_attention_fma", &tokenmill::prefill_attention_fma,
+        "prefill_attention on float32 FMAs (float32 or bfloat16 q, k, v), on any CPU",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("window") = 0,
         py::call_guard<py::gil_scoped_release>());
   m.def("add_rms_norm", &tokenmill::add_rms_norm,

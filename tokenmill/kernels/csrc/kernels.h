@@ -37,6 +37,10 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cach
                                   const std::optional<at::Tensor>& key_mask);
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              double scale, int64_t window);
+// prefill_attention on float32 FMAs whatever the CPU (prefill_attention_fma.cpp): q, k and v
+// float32 or bfloat16, head_dim at most 256.
+at::Tensor prefill_attention_fma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 double scale, int64_t window);
 at::Tensor add_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
                         const at::Tensor& weight, double eps);
 void rotary_embedding(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k,

@@ -1,6 +1,8 @@
 // Causal attention over a prompt's new tokens (all of it, or one chunk after cached context) for
 // a bfloat16 model, on AMX tiles, flash-style: scores, weights and sums of one 32-key block at a
-// time, so no [n, S] matrix is ever made.
+// time, so no [n, S] matrix is ever made. Where the tiles do not run (no AMX, float32, a head
+// dim not a multiple of 32), the entry point hands the call to the FMA kernel
+// (prefill_attention_fma.cpp).
 //
 // torch's scaled_dot_product_attention runs well below the tiles' rate on SmolLM2's heads over
 // long prompts, and far lower over the short prompts of a batch, where most of a call is set-up;
@@ -300,11 +302,12 @@ void check_rows(const char* name, const at::Tensor& t, int64_t dim) {
 
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              double scale, int64_t window) {
-  TORCH_CHECK(amx_available(), "prefill_attention: this CPU or OS does not provide AMX");
   TORCH_CHECK(q.dim() == 3, "prefill_attention: q must be [positions, heads, head_dim]");
   const int64_t n = q.size(0), heads = q.size(1), dim = q.size(2);
-  TORCH_CHECK(dim % kDepth == 0 && dim <= kMaxHeadDim,
-              "prefill_attention: head_dim must be a multiple of 32, at most 256");
+  // The tiles take a bfloat16 model's heads of whole 32-dim tile rows; FMAs take the rest.
+  if (!(amx_available() && q.scalar_type() == at::kBFloat16 && dim % kDepth == 0 &&
+        dim <= kMaxHeadDim))
+    return prefill_attention_fma(q, k, v, scale, window);
   check_rows("q", q, dim);
   check_rows("k", k, dim);
   check_rows("v", v, dim);
