@@ -111,14 +111,13 @@ class ModelRunner:
         if self.structured is not None:
             self.structured.start_masks(sampling)  # filled while the forward pass runs
         with torch.inference_mode():
-            hidden = self._forward(
-                torch.tensor(input_ids, dtype=torch.long),
-                torch.tensor(positions, dtype=torch.long),
-                meta,
-            )
+            # One tensor, two contiguous rows: a single conversion from Python for both.
+            ids_and_positions = torch.tensor([input_ids, positions], dtype=torch.long)
+            hidden = self._forward(ids_and_positions[0], ids_and_positions[1], meta)
             output = RunnerOutput(prompt_logprobs=self._prompt_logprobs(out.scheduled, hidden))
             if sampling:
-                logits = self.model.compute_logits(hidden[self._sampling_rows(out.scheduled)])
+                rows = self._sampling_rows(out.scheduled)
+                logits = self.model.compute_logits(hidden if rows is None else hidden[rows])
                 if self.structured is not None:
                     self.structured.apply_masks(logits)
                 self._sample(sampling, logits, output)
@@ -173,12 +172,13 @@ class ModelRunner:
                 plain.append(item)
                 plain_rows.append(row)
             row += num_rows
+        # When one kind has every row, in order, indexing would only copy them.
         if plain:
-            # Without drafts the rows are all of them, in order: indexing would only copy them.
             plain_logits = logits if not speculative else logits[plain_rows]
             self._sample_plain(plain, plain_logits, output)
         if speculative:
-            self._verify_drafts(speculative, logits[speculative_rows], output)
+            speculative_logits = logits if not plain else logits[speculative_rows]
+            self._verify_drafts(speculative, speculative_logits, output)
 
     def _sample_plain(
         self, items: list[ScheduledRequest], logits: torch.Tensor, output: RunnerOutput
@@ -324,15 +324,18 @@ class ModelRunner:
         return result
 
     @staticmethod
-    def _sampling_rows(scheduled: list[ScheduledRequest]) -> torch.Tensor:
+    def _sampling_rows(scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
         """Rows of the flat batch whose logits are needed: each sampling request's last token
-        and its drafts."""
+        and its drafts. None when that is every row, in order (decodes and verify chunks), so
+        the hidden states are used as they are."""
         rows: list[int] = []
         end = 0
         for item in scheduled:
             end += item.num_new_tokens
             if item.samples:
                 rows += range(end - 1 - len(item.spec_token_ids), end)
+        if len(rows) == end:
+            return None
         return torch.tensor(rows, dtype=torch.long)
 
     def _sampling_row(
