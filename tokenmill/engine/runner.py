@@ -21,7 +21,7 @@ from tokenmill.draft_tree import depths, is_chain, path_to, tree_parents
 from tokenmill.kv.block_pool import BlockHash, EvictedBlock
 from tokenmill.kv.disk_tier import DiskTier
 from tokenmill.kv.layout import slot_mapping
-from tokenmill.kv.quantized import KVCache, copy_cache_blocks, copy_cache_slots
+from tokenmill.kv.quantized import KVCache, copy_cache_blocks, copy_slots, slot_views
 from tokenmill.model.attention import AttentionMetadata, GroupedAttentionMetadata, StepMetadata
 from tokenmill.model.decode_loop import NativeDecodeLoop, run_step
 from tokenmill.quant.prepare import prepare_weights
@@ -89,6 +89,15 @@ class ModelRunner:
         self.structured = structured
         self._generators: dict[str, torch.Generator | None] = {}
         self._prompt_logprobs_done: dict[str, int] = {}  # prompt positions already scored
+        # What a KV move copies in: each distinct (cache, group) of the target's layers, as the
+        # cache's slot views and the group (a cache shared by layers of one group moves once).
+        self._move_targets: list[tuple[list[torch.Tensor], int]] = []
+        seen: set[tuple[int, int]] = set()
+        for layer, cache in enumerate(kv_caches or ()):
+            group = layer_groups[layer] if layer_groups else 0
+            if (id(cache), group) not in seen:
+                seen.add((id(cache), group))
+                self._move_targets.append((slot_views(cache), group))
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         if out.kv_saves or out.kv_loads:
@@ -254,12 +263,8 @@ class ModelRunner:
                 for item, a, b in moves
             ]
             slots.append(tuple(torch.tensor(side) for side in zip(*pairs, strict=True)))
-        done: set[tuple[int, int]] = set()  # (cache, group): a cache shared by layers moves once
-        for layer, cache in enumerate(self.kv_caches):
-            group = self.layer_groups[layer] if self.layer_groups else 0
-            if (id(cache), group) not in done:
-                done.add((id(cache), group))
-                copy_cache_slots(cache, *slots[group])
+        for views, group in self._move_targets:
+            copy_slots(views, *slots[group])
 
     def _proposed_trees(self, proposed: dict[str, list[int]]) -> dict[str, list[int]]:
         """The parents of each proposal that is a tree."""
