@@ -369,6 +369,10 @@ class ModelRunner:
         """One row for the root and one after each draft, whose history holds the drafts on
         its path (for a chain, every draft before it)."""
         drafts = item.spec_token_ids
+        params, output = item.request.params, item.request.output_token_ids
+        if not params.uses_penalties and len(output) >= params.min_tokens:
+            # A history counts only for penalties and min_tokens: one row serves every position.
+            return [self._sampling_row(item)] * (len(drafts) + 1)
         parents = tree_parents(item.spec_parents, len(drafts))
         paths = [(), *(tuple(drafts[i] for i in path_to(parents, d)) for d in range(len(drafts)))]
         return [self._sampling_row(item, path) for path in paths]

@@ -228,7 +228,7 @@ def _decode_group(
     lens = [row.seq_len for row in rows]
     index = [row.token for row in rows]
     flat = torch.tensor([*slots, *lens, *index], dtype=torch.long)
-    slots_t, lens_t, index_t = flat.split([len(slots), len(lens), len(index)])
+    slots_t, lens_t, index_t = flat.split_with_sizes([len(slots), len(lens), len(index)])
     group = DecodeGroup(index_t, table, lens_t, _key_mask([row.visible for row in rows]))
     return (None if slot_mapping is None else slots_t), group
 
