@@ -51,6 +51,12 @@ def test_kernel_classes_fit_inside_the_run_and_host_time_is_the_rest(name, reque
     assert kernels + host == pytest.approx(profile.profiled_s, rel=1e-9)
 
 
+def test_the_profilers_own_bookkeeping_is_not_counted_as_host_time(native):
+    (bookkeeping,) = [c for c in native.classes if c.op_class == op_classes.PROFILER]
+    assert 0 < bookkeeping.seconds < native.profiled_s
+    assert native.classes[-1].op_class == op_classes.HOST
+
+
 @pytest.mark.parametrize("name", ["native", "python_layers"])
 def test_every_class_of_prefill_and_decode_is_found(name, request):
     found = {c.op_class for c in request.getfixturevalue(name).classes}

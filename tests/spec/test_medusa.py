@@ -12,12 +12,27 @@ from tokenmill.spec.medusa import (
     PACKAGED_MEDUSA_HEADS,
     MedusaHeads,
     confident_tree,
+    fused_blocks,
     load_medusa_heads,
     save_medusa_heads,
 )
 from tokenmill.spec.setup import head_path
 
 SHIPPED = PACKAGED_MEDUSA_HEADS["smollm2-135m-instruct"]
+
+
+def test_fused_blocks_give_each_heads_features():
+    torch.manual_seed(0)
+    heads = MedusaHeads(64, num_heads=3, draft_vocab_size=8)
+    for block in heads.blocks:
+        torch.nn.init.normal_(block.weight, std=0.1)
+        torch.nn.init.normal_(block.bias, std=0.1)
+    hidden = torch.randn(64)
+    with torch.inference_mode():
+        expected = heads(hidden.unsqueeze(0)).squeeze(1)
+        branches = fused_blocks(heads)(hidden.unsqueeze(0)).view(3, -1)
+        fused = hidden + torch.nn.functional.silu(branches)
+    torch.testing.assert_close(fused, expected)
 
 
 def test_a_confident_tree_drafts_the_best_scoring_paths_parents_first():

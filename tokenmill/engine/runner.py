@@ -21,7 +21,7 @@ from tokenmill.draft_tree import depths, is_chain, path_to, tree_parents
 from tokenmill.kv.block_pool import BlockHash, EvictedBlock
 from tokenmill.kv.disk_tier import DiskTier
 from tokenmill.kv.layout import slot_mapping
-from tokenmill.kv.quantized import KVCache, copy_cache_blocks, copy_cache_slots
+from tokenmill.kv.quantized import KVCache, copy_cache_blocks, copy_slots, slot_views
 from tokenmill.model.attention import AttentionMetadata, GroupedAttentionMetadata, StepMetadata
 from tokenmill.model.decode_loop import NativeDecodeLoop, run_step
 from tokenmill.quant.prepare import prepare_weights
@@ -89,6 +89,15 @@ class ModelRunner:
         self.structured = structured
         self._generators: dict[str, torch.Generator | None] = {}
         self._prompt_logprobs_done: dict[str, int] = {}  # prompt positions already scored
+        # What a KV move copies in: each distinct (cache, group) of the target's layers, as the
+        # cache's slot views and the group (a cache shared by layers of one group moves once).
+        self._move_targets: list[tuple[list[torch.Tensor], int]] = []
+        seen: set[tuple[int, int]] = set()
+        for layer, cache in enumerate(kv_caches or ()):
+            group = layer_groups[layer] if layer_groups else 0
+            if (id(cache), group) not in seen:
+                seen.add((id(cache), group))
+                self._move_targets.append((slot_views(cache), group))
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         if out.kv_saves or out.kv_loads:
@@ -111,14 +120,13 @@ class ModelRunner:
         if self.structured is not None:
             self.structured.start_masks(sampling)  # filled while the forward pass runs
         with torch.inference_mode():
-            hidden = self._forward(
-                torch.tensor(input_ids, dtype=torch.long),
-                torch.tensor(positions, dtype=torch.long),
-                meta,
-            )
+            # One tensor, two contiguous rows: a single conversion from Python for both.
+            ids_and_positions = torch.tensor([input_ids, positions], dtype=torch.long)
+            hidden = self._forward(ids_and_positions[0], ids_and_positions[1], meta)
             output = RunnerOutput(prompt_logprobs=self._prompt_logprobs(out.scheduled, hidden))
             if sampling:
-                logits = self.model.compute_logits(hidden[self._sampling_rows(out.scheduled)])
+                rows = self._sampling_rows(out.scheduled)
+                logits = self.model.compute_logits(hidden if rows is None else hidden[rows])
                 if self.structured is not None:
                     self.structured.apply_masks(logits)
                 self._sample(sampling, logits, output)
@@ -173,12 +181,13 @@ class ModelRunner:
                 plain.append(item)
                 plain_rows.append(row)
             row += num_rows
+        # When one kind has every row, in order, indexing would only copy them.
         if plain:
-            # Without drafts the rows are all of them, in order: indexing would only copy them.
             plain_logits = logits if not speculative else logits[plain_rows]
             self._sample_plain(plain, plain_logits, output)
         if speculative:
-            self._verify_drafts(speculative, logits[speculative_rows], output)
+            speculative_logits = logits if not plain else logits[speculative_rows]
+            self._verify_drafts(speculative, speculative_logits, output)
 
     def _sample_plain(
         self, items: list[ScheduledRequest], logits: torch.Tensor, output: RunnerOutput
@@ -254,12 +263,8 @@ class ModelRunner:
                 for item, a, b in moves
             ]
             slots.append(tuple(torch.tensor(side) for side in zip(*pairs, strict=True)))
-        done: set[tuple[int, int]] = set()  # (cache, group): a cache shared by layers moves once
-        for layer, cache in enumerate(self.kv_caches):
-            group = self.layer_groups[layer] if self.layer_groups else 0
-            if (id(cache), group) not in done:
-                done.add((id(cache), group))
-                copy_cache_slots(cache, *slots[group])
+        for views, group in self._move_targets:
+            copy_slots(views, *slots[group])
 
     def _proposed_trees(self, proposed: dict[str, list[int]]) -> dict[str, list[int]]:
         """The parents of each proposal that is a tree."""
@@ -324,15 +329,18 @@ class ModelRunner:
         return result
 
     @staticmethod
-    def _sampling_rows(scheduled: list[ScheduledRequest]) -> torch.Tensor:
+    def _sampling_rows(scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
         """Rows of the flat batch whose logits are needed: each sampling request's last token
-        and its drafts."""
+        and its drafts. None when that is every row, in order (decodes and verify chunks), so
+        the hidden states are used as they are."""
         rows: list[int] = []
         end = 0
         for item in scheduled:
             end += item.num_new_tokens
             if item.samples:
                 rows += range(end - 1 - len(item.spec_token_ids), end)
+        if len(rows) == end:
+            return None
         return torch.tensor(rows, dtype=torch.long)
 
     def _sampling_row(
@@ -361,6 +369,10 @@ class ModelRunner:
         """One row for the root and one after each draft, whose history holds the drafts on
         its path (for a chain, every draft before it)."""
         drafts = item.spec_token_ids
+        params, output = item.request.params, item.request.output_token_ids
+        if not params.uses_penalties and len(output) >= params.min_tokens:
+            # A history counts only for penalties and min_tokens: one row serves every position.
+            return [self._sampling_row(item)] * (len(drafts) + 1)
         parents = tree_parents(item.spec_parents, len(drafts))
         paths = [(), *(tuple(drafts[i] for i in path_to(parents, d)) for d in range(len(drafts)))]
         return [self._sampling_row(item, path) for path in paths]

@@ -112,7 +112,7 @@ class Scheduler:
         batch_size = min(len(self._requests), self.max_num_seqs)
         speculate = self.speculation is not None and self.speculation.enabled_for(batch_size)
         for request in list(self.running):
-            if request not in self.running:  # preempted earlier in this loop
+            if request.status != RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
             num_new = self._tokens_to_compute(request, budget)
             if num_new == 0:

@@ -143,12 +143,28 @@ class PagedKVManager(KVCacheManager):
         the `cached_prefix` blocks a new request is about to take over. A shared block the new
         tokens land in is replaced by a private copy (see `take_block_copies`)."""
         self.drop_unread_blocks(request)
+        if not cached_prefix and self._fits_held_blocks(request, num_new_tokens):
+            num_after = request.num_computed_tokens + num_new_tokens
+            self._publish_full_blocks(request, self._tables[request.request_id], num_after)
+            return True
         plan = self.plan_slots(request, num_new_tokens, cached_prefix)
         if plan.num_free_needed > self.pool.num_free_blocks:
             return False
         self.acquire_taken_over(plan)
         self.commit_slots(request, plan)
         return True
+
+    def _fits_held_blocks(self, request: Request, num_new_tokens: int) -> bool:
+        """Whether the new tokens land in blocks the request already holds alone (a decode's,
+        most steps): then a plan would take nothing from the pool and copy nothing."""
+        table = self._tables.get(request.request_id)
+        if table is None:
+            return False
+        num_after = request.num_computed_tokens + num_new_tokens
+        span = max(num_after, self._reserved_tokens())
+        return -(-span // self.block_size) <= len(table) and not self._shared_blocks_written(
+            table, len(table), request, num_after
+        )
 
     def drop_unread_blocks(self, request: Request) -> None:
         """With a window: give the blocks no later query of the request reads back to the pool,

@@ -68,15 +68,20 @@ class QuantizedKVCache:
 KVCache = torch.Tensor | QuantizedKVCache
 
 
-def copy_cache_slots(cache: KVCache, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """Copy single token slots `src` onto `dst` (flat slot ids, int64 [n]) in one layer's cache
-    of either kind; the sources are read before any destination is written."""
+def slot_views(cache: KVCache) -> list[torch.Tensor]:
+    """One layer's cache as `[2, num_blocks * block_size, ...]` views, a token slot per row
+    (codes as bytes: index_copy_ has no fp8 kernel), for `copy_slots`. Made once per cache."""
     if isinstance(cache, QuantizedKVCache):
         tensors = [cache.values.view(torch.uint8), cache.scales]
     else:
         tensors = [cache]
-    for tensor in tensors:
-        flat = tensor.view(2, -1, *tensor.shape[3:])  # [2, num_blocks * block_size, ...]
+    return [tensor.view(2, -1, *tensor.shape[3:]) for tensor in tensors]
+
+
+def copy_slots(views: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy single token slots `src` onto `dst` (flat slot ids, int64 [n]) in one layer's cache,
+    given as its `slot_views`; the sources are read before any destination is written."""
+    for flat in views:
         flat.index_copy_(1, dst, flat.index_select(1, src))
 
 

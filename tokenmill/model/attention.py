@@ -120,8 +120,9 @@ class AttentionMetadata:
         decode = None
         if decode_rows:
             assert block_tables is not None
-            decode = _decode_group(decode_rows, block_tables, block_size)
-        slots = None if slot_mapping is None else torch.tensor(slot_mapping, dtype=torch.long)
+            slots, decode = _decode_group(decode_rows, block_tables, block_size, slot_mapping)
+        else:
+            slots = None if slot_mapping is None else torch.tensor(slot_mapping, dtype=torch.long)
         return cls(starts[-1], slots, tuple(prefills), decode)
 
     @classmethod
@@ -141,8 +142,8 @@ class AttentionMetadata:
             _DecodeRow(i, seq_len, i, flags)
             for i, (seq_len, flags) in enumerate(zip(seq_lens, visible, strict=True))
         ]
-        slots = torch.tensor(slot_mapping, dtype=torch.long)
-        return cls(len(rows), slots, (), _decode_group(rows, block_tables, block_size))
+        slots, decode = _decode_group(rows, block_tables, block_size, slot_mapping)
+        return cls(len(rows), slots, (), decode)
 
     def for_layer(self, layer: int) -> AttentionMetadata:
         """What layer `layer` reads: this, the same for every layer."""
@@ -209,16 +210,27 @@ class _DecodeRow:
 
 
 def _decode_group(
-    rows: list[_DecodeRow], block_tables: Sequence[Sequence[int]], block_size: int
-) -> DecodeGroup:
+    rows: list[_DecodeRow],
+    block_tables: Sequence[Sequence[int]],
+    block_size: int,
+    slot_mapping: Sequence[int] | None,
+) -> tuple[torch.Tensor | None, DecodeGroup]:
+    """The decode rows' group, and the batch's `slot_mapping` as a tensor (None stays None).
+    Every step builds these, so the integers go to torch in two conversions: the padded
+    block table, and one flat tensor the slots, lengths and token indices are views of."""
     max_blocks = max(-(-row.seq_len // block_size) for row in rows)
-    table = torch.zeros(len(rows), max_blocks, dtype=torch.long)
-    for r, row in enumerate(rows):
-        used = block_tables[row.sequence][:max_blocks]
-        table[r, : len(used)] = torch.tensor(used, dtype=torch.long)
-    lens = torch.tensor([row.seq_len for row in rows], dtype=torch.long)
-    index = torch.tensor([row.token for row in rows], dtype=torch.long)
-    return DecodeGroup(index, table, lens, _key_mask([row.visible for row in rows]))
+    padded: list[list[int]] = []
+    for row in rows:
+        used = list(block_tables[row.sequence][:max_blocks])
+        padded.append(used + [0] * (max_blocks - len(used)))
+    table = torch.tensor(padded, dtype=torch.long)
+    slots = [] if slot_mapping is None else list(slot_mapping)
+    lens = [row.seq_len for row in rows]
+    index = [row.token for row in rows]
+    flat = torch.tensor([*slots, *lens, *index], dtype=torch.long)
+    slots_t, lens_t, index_t = flat.split_with_sizes([len(slots), len(lens), len(index)])
+    group = DecodeGroup(index_t, table, lens_t, _key_mask([row.visible for row in rows]))
+    return (None if slot_mapping is None else slots_t), group
 
 
 def _key_mask(visible: list[tuple[bool, ...]]) -> torch.Tensor | None:

@@ -30,6 +30,7 @@ from torch import nn
 
 from tokenmill.config import ModelConfig
 from tokenmill.loader.model_loader import LoadedModel
+from tokenmill.model.layers import Linear
 from tokenmill.scheduler_output import ScheduledRequest
 from tokenmill.spec.eagle import HEADS_DIR, draft_scorer, output_rows
 
@@ -87,6 +88,18 @@ def load_medusa_heads(path: Path, target: ModelConfig, dtype: torch.dtype) -> Me
     return heads.to(dtype).eval().requires_grad_(False)
 
 
+def fused_blocks(heads: MedusaHeads) -> Linear:
+    """Every head's block as one product `[hidden] -> [num_heads * hidden]`: the heads read
+    the same hidden state, so one pass over their stacked weights (a native kernel's) replaces
+    a product, an activation and a sum per head."""
+    blocks = heads.blocks
+    weight = torch.cat([block.weight for block in blocks])
+    fused = Linear(weight.shape[1], weight.shape[0], bias=True, dtype=weight.dtype)
+    fused.weight.data.copy_(weight)
+    fused.bias.data.copy_(torch.cat([block.bias for block in blocks]))
+    return fused.requires_grad_(False)
+
+
 @dataclass
 class MedusaDrafter:
     """Loaded heads bound to the target's output rows for their draft vocabulary."""
@@ -94,6 +107,9 @@ class MedusaDrafter:
     heads: MedusaHeads
     scorer: nn.Module  # [hidden] -> [draft_vocab] logits
     shares_target_kv = False
+
+    def __post_init__(self) -> None:
+        self.blocks = fused_blocks(self.heads)
 
     @classmethod
     def load(cls, path: Path, target: LoadedModel, dtype: torch.dtype) -> MedusaDrafter:
@@ -105,7 +121,9 @@ class MedusaDrafter:
 
     def candidates(self, hidden: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:
         """Each head's top tokens and their probabilities for one hidden state `[hidden]`."""
-        features = self.heads(hidden.unsqueeze(0)).squeeze(1)  # [num_heads, hidden]
+        num_heads = len(self.heads.blocks)
+        branches = self.blocks(hidden.unsqueeze(0)).view(num_heads, -1)
+        features = hidden + nn.functional.silu(branches)  # [num_heads, hidden], as the heads'
         probs = self.scorer(features).float().softmax(dim=-1)
         top = probs.topk(CANDIDATES_PER_HEAD, dim=-1)
         tokens = self.heads.draft_vocab[top.indices]

@@ -27,6 +27,7 @@ NORMS = "norms & activations"
 SAMPLING = "sampling"
 OTHER = "other kernels"
 HOST = "host (between kernels)"
+PROFILER = "profiler bookkeeping"  # the profile's own time between kernels, apart from host
 CLASS_ORDER = (PRODUCTS, ATTENTION_PREFILL, ATTENTION_DECODE, KV_STORE, NORMS, SAMPLING, OTHER)
 
 # Kernel formats whose products run integer dot products: their compute roof is the probe's

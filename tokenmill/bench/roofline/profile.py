@@ -1,7 +1,8 @@
 """Where a workload's time goes: the workload runs once as `bench throughput` runs it, then again
 on a fresh engine over the same loaded model with every kernel call timed (kernels/op_timer.py)
 and summed by op class (op_classes.py). The step time no kernel accounts for is host time:
-Python, torch's small ops and the dispatch between kernels.
+Python, torch's small ops and the dispatch between kernels; the recorder's own bookkeeping (what
+each call's work was) is timed and reported apart from it.
 
 Steps the native decode loop runs report each kind of kernel's time from inside the loop;
 steps that run layer by layer in Python report each op call. Both are counted, and the report
@@ -24,6 +25,7 @@ from tokenmill.bench.roofline.op_classes import (
     KV_STORE,
     NORMS,
     OTHER,
+    PROFILER,
     Work,
     attended_lengths,
     describe,
@@ -148,6 +150,9 @@ class ClassRecorder:
         self.loop_layers = _loop_layers(model) if loop_owner is not None else []
         self.times: dict[tuple[str, str, str], ClassTime] = {}
         self.used_loop = False  # whether the current step ran the native loop
+        # The recorder's own time (describing each call's work): between kernels, yet no part
+        # of the engine's host time.
+        self.bookkeeping_s = 0.0
 
     def add(self, work: Work, seconds: float, calls: int = 1) -> None:
         key = (work.op_class, work.label, work.roof_dtype)
@@ -160,17 +165,21 @@ class ClassRecorder:
         entry.bytes += work.bytes
 
     def op(self, name: str, args: tuple[Any, ...], result: Any, seconds: float) -> None:
+        start = time.perf_counter()
         self.add(describe(name, args, result, self.vocab_size), seconds)
+        self.bookkeeping_s += time.perf_counter() - start
 
     def decode_loop(
         self, owner: object, args: tuple[Any, ...], op_seconds: dict[str, float], seconds: float
     ) -> None:
+        start = time.perf_counter()
         self.used_loop = True
         if owner is not self.loop_owner:
             self.add(Work(OTHER, "drafter decode loop", "", 0.0, 0.0), sum(op_seconds.values()))
-            return
-        for work, share, calls in self._loop_work(args, op_seconds):
-            self.add(work, share, calls)
+        else:
+            for work, share, calls in self._loop_work(args, op_seconds):
+                self.add(work, share, calls)
+        self.bookkeeping_s += time.perf_counter() - start
 
     def _loop_work(
         self, args: tuple[Any, ...], op_seconds: dict[str, float]
@@ -302,7 +311,9 @@ def _profiled_run(
         runner.sampler, runner.rejection_sampler = samplers
     classes = sorted(recorder.classes(), key=lambda c: -c.seconds)
     kernels_s = sum(c.seconds for c in classes)
-    classes.append(ClassTime(HOST, "", seconds=max(result.elapsed_s - kernels_s, 0.0)))
+    classes.append(ClassTime(PROFILER, "", seconds=recorder.bookkeeping_s))
+    host_s = result.elapsed_s - kernels_s - recorder.bookkeeping_s
+    classes.append(ClassTime(HOST, "", seconds=max(host_s, 0.0)))
     return Profile(
         workload=workload,
         engine=engine_summary(args),
