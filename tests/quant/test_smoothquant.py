@@ -29,7 +29,7 @@ from ..engine.test_engine import VARIED_PROMPTS, run_all
 
 needs_native = pytest.mark.skipif(ops.backend() != "native", reason="needs the native kernels")
 SCORED = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=3)
-# Top-two log-probability gap below which the two rounding paths may pick different tokens.
+# Log-probability gap below the best token within which the two rounding paths may pick another.
 NEAR_TIE_NATS = 0.25
 
 
@@ -191,7 +191,8 @@ def test_decode_loop_gives_the_python_layers_exact_logprobs(w8a8_smollm):
 @needs_native
 def test_engine_greedy_tokens_match_the_reference_path(w8a8_smollm):
     """Decode rows round x differently on the two paths (int16 blocks, 8-bit tokens), so two
-    greedy runs may part, but only where the reference's top two tokens nearly tie."""
+    greedy runs may part, but only where the native run's token nearly ties the reference's
+    best one there."""
     native = scored_run(w8a8_smollm, "native")
     with reference_layers(w8a8_smollm):
         reference = scored_run(w8a8_smollm, "python")
@@ -205,9 +206,9 @@ def test_engine_greedy_tokens_match_the_reference_path(w8a8_smollm):
             None,
         )
         if parted is not None:
-            (_, first), (_, second), *_ = reference_logprobs[parted].top
-            assert first - second < NEAR_TIE_NATS
-    assert sum(tokens == ref for (tokens, _), (ref, _) in zip(native, reference, strict=True)) >= 2
+            top = dict(reference_logprobs[parted].top)
+            best = top[reference_tokens[parted]]
+            assert best - top.get(tokens[parted], float("-inf")) < NEAR_TIE_NATS
 
 
 def test_prefill_logits_are_the_reference_bit_for_bit(w8a8_smollm):
