@@ -41,8 +41,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 #include <utility>
 
@@ -343,10 +341,7 @@ void pack_rows(const float* x, int64_t rows, int64_t k, float* out) {
 
 }  // namespace
 
-bool few_row_tiles_allowed() {
-  const char* setting = std::getenv("TOKENMILL_FEW_ROW_TILES");
-  return setting == nullptr || std::strcmp(setting, "0") != 0;
-}
+bool few_row_tiles_allowed() { return switch_on("TOKENMILL_FEW_ROW_TILES"); }
 
 at::Tensor pack_linear_weight(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat,

@@ -12,12 +12,16 @@
 
 namespace tokenmill {
 
-// Whether kernels may take their AVX-512 paths where the CPU has them: TOKENMILL_AVX512=0 keeps
-// every kernel on AVX2, the baseline those paths are measured against (outputs are the same).
-inline bool avx512_allowed() {
-  const char* setting = std::getenv("TOKENMILL_AVX512");
+// Whether a kernel path that an environment switch can turn off is on: unset or anything but
+// "0" leaves it on; "0" gives the baseline it is measured against.
+inline bool switch_on(const char* name) {
+  const char* setting = std::getenv(name);
   return setting == nullptr || std::strcmp(setting, "0") != 0;
 }
+
+// Whether kernels may take their AVX-512 paths where the CPU has them: TOKENMILL_AVX512=0 keeps
+// every kernel on AVX2, the baseline those paths are measured against (outputs are the same).
+inline bool avx512_allowed() { return switch_on("TOKENMILL_AVX512"); }
 
 // Whether a kernel may take its AVX-512 path: TOKENMILL_AVX512 allows it and the CPU has
 // AVX-512 F, DQ, BW and VL (and VNNI, when `vnni`). __builtin_cpu_init first: the kernels ask
