@@ -161,8 +161,7 @@ class PagedKVManager(KVCacheManager):
         if table is None:
             return False
         num_after = request.num_computed_tokens + num_new_tokens
-        span = max(num_after, self._reserved_tokens())
-        return -(-span // self.block_size) <= len(table) and not self._shared_blocks_written(
+        return self._blocks_spanned(num_after) <= len(table) and not self._shared_blocks_written(
             table, len(table), request, num_after
         )
 
@@ -185,9 +184,8 @@ class PagedKVManager(KVCacheManager):
         """What `allocate_slots` would take from the pool, without taking it."""
         table = self._tables.get(request.request_id, [])
         num_after = request.num_computed_tokens + num_new_tokens
-        span = max(num_after, self._reserved_tokens())
         held = [*table, *cached_prefix]
-        needed = max(-(-span // self.block_size) - len(held), 0)
+        needed = max(self._blocks_spanned(num_after) - len(held), 0)
         revived = sum(1 for block in self._real(cached_prefix) if block.ref_count == 0)
         shared = self._shared_blocks_written(held, len(table), request, num_after)
         return SlotPlan(held, len(table), needed, shared, needed + len(shared) + revived, num_after)
@@ -225,10 +223,15 @@ class PagedKVManager(KVCacheManager):
         table = self._tables.get(request.request_id)
         if table is None:
             return
-        keep = -(-max(num_tokens, self._reserved_tokens()) // self.block_size)
+        keep = self._blocks_spanned(num_tokens)
         if keep < len(table):
             self._release(table[keep:])
             del table[keep:]
+
+    def _blocks_spanned(self, num_tokens: int) -> int:
+        """Blocks a request's table holds for `num_tokens`: never fewer than its reserved span."""
+        span = max(num_tokens, self._reserved_tokens())
+        return -(-span // self.block_size)
 
     def _reserved_tokens(self) -> int:
         """Slots every request holds from admission on, however few it has computed."""
