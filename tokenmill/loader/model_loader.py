@@ -57,7 +57,18 @@ def load_model(
         weights = blocks.weights()
     with torch.device("meta"):
         module = build_model(config)
-    module = module.to_empty(device="cpu").to(dtype)
+    module = _allocate(module, dtype)
     source = WeightSource(config, dtype, weights, blocks, saved, tokenizer)
     load_model_weights(module, quantization, source)
     return LoadedModel(path, config, module.eval(), tokenizer)
+
+
+def _allocate(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """`module.to_empty(device="cpu").to(dtype)` without its Python path for meta tensors,
+    which imports torch's symbolic shapes (and sympy) on every start. The weights are left
+    uninitialised, as there: the loader writes every one (the models hold no buffers)."""
+
+    def empty(t: torch.Tensor) -> torch.Tensor:
+        return torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype)
+
+    return module._apply(empty)

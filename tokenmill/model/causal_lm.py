@@ -15,7 +15,7 @@ from torch import nn
 
 from tokenmill.config import ModelConfig
 from tokenmill.model.attention import StepMetadata
-from tokenmill.model.layers import Linear, RMSNorm, RotaryEmbedding
+from tokenmill.model.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
 from tokenmill.model.weights import load_hf_weights
 
 
@@ -56,7 +56,7 @@ class CausalLM(nn.Module):
         parameters are created in the order embedding, layers, norm, head."""
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)

@@ -12,6 +12,16 @@ from torch import nn
 from tokenmill.kernels import ops
 
 
+class Embedding(nn.Embedding):
+    """nn.Embedding that leaves a meta-device weight uninitialised, as Linear does: a model built
+    on the meta device takes its weights from a checkpoint, and initialising them there would
+    only import torch's compiler (about a second of every start) for nothing."""
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
 class Linear(nn.Linear):
     """nn.Linear whose product goes through the kernel dispatch: decode-sized batches stream its
     weights through the native skinny kernel, wider ones run a blocked GEMM on a packed copy of
@@ -37,6 +47,10 @@ class Linear(nn.Linear):
         if source != self._prepacked_from:
             self.prepacked = ops.prepack_linear_weight(self.weight, batch_hint)
             self._prepacked_from = source
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:  # on the meta device the weights come from a checkpoint
+            super().reset_parameters()
 
     def __getstate__(self) -> dict[str, Any]:
         """Copies and pickles leave the packed copy behind: oneDNN's opaque tensors cannot be
