@@ -8,6 +8,7 @@ missing, truncated or foreign file becomes a `ModelLoadError` naming the path an
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -111,6 +112,11 @@ class GGUFFile:
         return torch.from_numpy(np.array(array, dtype=np.float32)).reshape(info.shape)
 
 
+@functools.cache
+def _struct(fmt: str) -> struct.Struct:
+    return struct.Struct(fmt)
+
+
 def _num_rows(shape: tuple[int, ...]) -> int:
     rows = 1
     for dim in shape[:-1]:
@@ -122,7 +128,9 @@ class _HeaderParser:
     """A cursor over the file's header; each read advances it."""
 
     def __init__(self, data: np.ndarray, path: Path) -> None:
-        self.data = data
+        # A memoryview, not the memmap: slicing a memmap makes a memmap object, and a large
+        # vocabulary is hundreds of thousands of strings.
+        self.data = memoryview(data).cast("B")
         self.path = path
         self.pos = 0
 
@@ -158,11 +166,11 @@ class _HeaderParser:
         return metadata, infos
 
     def _scalar(self, fmt: str) -> Any:
-        size = struct.calcsize(fmt)
-        if self.pos + size > len(self.data):
+        packing = _struct(fmt)
+        if self.pos + packing.size > len(self.data):
             raise ValueError(f"header ends early at byte {self.pos}")
-        (value,) = struct.unpack_from(fmt, self.data, self.pos)
-        self.pos += size
+        (value,) = packing.unpack_from(self.data, self.pos)
+        self.pos += packing.size
         return value
 
     def _string(self) -> str:
@@ -187,8 +195,27 @@ class _HeaderParser:
                 items = np.frombuffer(self.data, dtype=dtype, count=count, offset=self.pos)
                 self.pos = end
                 return items.tolist()
+            if item_type == GGUFValueType.STRING:
+                return self._strings(count)
             return [self._value(item_type) for _ in range(count)]
         return self._scalar(_SCALAR_FORMATS[vtype])
+
+    def _strings(self, count: int) -> list[str]:
+        """`_string` `count` times, in one loop: a vocabulary is most of a header."""
+        data, pos, end = self.data, self.pos, len(self.data)
+        unpack_length = _struct("<Q").unpack_from
+        strings = []
+        for _ in range(count):
+            if pos + 8 > end:
+                raise ValueError(f"header ends early at byte {pos}")
+            (length,) = unpack_length(data, pos)
+            pos += 8
+            if pos + length > end:
+                raise ValueError(f"string of {length} bytes runs past the end at byte {pos}")
+            strings.append(str(data[pos : pos + length], "utf-8"))
+            pos += length
+        self.pos = pos
+        return strings
 
     def _tensor_info(self) -> tuple[str, tuple[int, ...], GGMLQuantizationType, int]:
         name = self._string()
