@@ -23,6 +23,7 @@ from tokenmill.quant.gguf import Q5_0_ENV, GGUFMethod, plan_gguf_linears, repack
 from tokenmill.quant.int4 import Int4Linear
 from tokenmill.quant.int8 import Int8Linear
 from tokenmill.quant.linear import QuantLinear
+from tokenmill.quant.tied_embedding import TiedInt8Embedding
 from tokenmill.quant.weight_source import WeightSource
 from tokenmill.sampling.params import SamplingParams
 
@@ -102,7 +103,7 @@ def test_every_linear_of_the_q4_1_file_runs_on_its_blocks(quantized_smollm) -> N
     assert sum(isinstance(m, Int4Linear) for m in body) == 4 * len(model.layers)
     assert isinstance(model.lm_head, Int8Linear)  # the tied head reads token_embd's Q8_0
     assert model.lm_head.group_size == 32
-    assert model.embed_tokens.weight.dtype == torch.float32
+    assert isinstance(model.embed_tokens, TiedInt8Embedding)  # lookups read the same rows
 
 
 def test_loaded_layer_holds_the_files_blocks(smollm_path: Path, quantized_smollm) -> None:

@@ -15,8 +15,9 @@ several tensors (q/k/v, gate/up) runs natively when its parts repack to one form
 with Q8_0 ones all become int8), and parts of several k-quant types take the q5_k layout, which
 holds each exactly; a linear with a type no kernel reads, or other parts of two formats, stays
 fp32, dequantized as without quantization, and the load logs one line naming the types. A tied
-LM head reads the token embedding's blocks (llama.cpp does the same), while the embedding table
-itself is dequantized for lookups.
+LM head reads the token embedding's blocks (llama.cpp does the same), and when they are int8
+the lookups read them too (tokenmill/quant/tied_embedding.py); otherwise the embedding table is
+dequantized for lookups.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from tokenmill.quant.kquant import Q4KLinear, Q5KLinear, Q6KLinear
 from tokenmill.quant.linear import LM_HEAD, empty_quant_linear, replace_linears
 from tokenmill.quant.method import QuantMethod
 from tokenmill.quant.q5_0 import Q50Linear
+from tokenmill.quant.tied_embedding import TiedInt8Embedding
 from tokenmill.quant.weight_source import GGUFBlocks, GGUFTensor, GGUFTensorReader, WeightSource
 
 GGUF_BLOCK = 32
@@ -60,6 +62,8 @@ _INT8_HELD = {GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q5_0}
 # TOKENMILL_GGUF_Q5_0=int8 holds every Q5_0 tensor as int8, the baseline of its own kernel.
 Q5_0_ENV = "TOKENMILL_GGUF_Q5_0"
 EMBEDDING = "model.embed_tokens.weight"
+# TOKENMILL_GGUF_EMBEDDING=table dequantizes a tied embedding into a table of its own.
+EMBEDDING_ENV = "TOKENMILL_GGUF_EMBEDDING"
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +82,19 @@ class GGUFMethod(QuantMethod):
             model,
             lambda name, linear: empty_quant_linear(plan[name], linear) if name in plan else None,
         )
-        read = packed_tensor_reader(source.gguf, source.config, plan)
+        embedding_from_head = _embeds_from_head(source.config, plan)
+        if embedding_from_head:
+            model.embed_tokens = TiedInt8Embedding(model.lm_head, source.dtype)
+        read = packed_tensor_reader(source.gguf, source.config, plan, embedding_from_head)
         model.load_weights(source.gguf.weights(read))
+
+
+def _embeds_from_head(config: ModelConfig, plan: dict[str, dict[str, Any]]) -> bool:
+    """Whether lookups read the tied LM head's int8 rows (TiedInt8Embedding) instead of a
+    dequantized table: TOKENMILL_GGUF_EMBEDDING=table keeps the table (the baseline)."""
+    if os.environ.get(EMBEDDING_ENV, "").strip().lower() == "table":
+        return False
+    return config.tie_word_embeddings and plan.get(LM_HEAD) == _INT8
 
 
 def plan_gguf_linears(
@@ -119,9 +134,13 @@ def plan_gguf_linears(
 
 
 def packed_tensor_reader(
-    gguf: GGUFBlocks, config: ModelConfig, plan: dict[str, dict[str, Any]]
+    gguf: GGUFBlocks,
+    config: ModelConfig,
+    plan: dict[str, dict[str, Any]],
+    embedding_from_head: bool = False,
 ) -> GGUFTensorReader:
-    """For `gguf.weights`: repacked blocks for the planned linears, dequantized tensors else."""
+    """For `gguf.weights`: repacked blocks for the planned linears, dequantized tensors else;
+    no embedding table when `embedding_from_head`."""
 
     def packed(tensor: GGUFTensor, prefix: str, kind: str) -> dict[str, torch.Tensor]:
         tensors = repack_blocks(gguf.raw_bytes(tensor), tensor.qtype, tensor.shape, kind)
@@ -132,6 +151,8 @@ def packed_tensor_reader(
         module = target.removesuffix(".weight")
         if target.endswith(".weight") and module in plan:
             tensors = packed(tensor, hf_name.removesuffix("weight"), plan[module]["kind"])
+        elif hf_name == EMBEDDING and embedding_from_head:
+            tensors = {}
         else:
             tensors = {hf_name: gguf.dequantize(tensor)}
         if hf_name == EMBEDDING and config.tie_word_embeddings and LM_HEAD in plan:

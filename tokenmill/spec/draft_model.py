@@ -67,7 +67,7 @@ class DraftModel:
         dtype whatever the target's kv_cache_dtype: a small model's KV costs little."""
         if self.shares_target_kv:
             return target_caches[: self.config.num_hidden_layers]
-        dtype = self.model.embed_tokens.weight.dtype
+        dtype = self.model.norm.weight.dtype
         return allocate_kv_caches(self.config, num_blocks, block_size, dtype)
 
 

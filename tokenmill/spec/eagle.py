@@ -136,7 +136,8 @@ def output_rows(target: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
     """Rows of the target's output head for `token_ids` (its embedding when they are tied)."""
     weight = getattr(target.lm_head, "weight", None)
     if weight is None or weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        weight = target.embed_tokens.weight  # a quantized head: tied models share embeddings
+        # A quantized head: tied models share embeddings (maybe read from the head's own rows).
+        return target.embed_tokens(token_ids).detach().clone()
     return weight[token_ids].detach().clone()
 
 

@@ -1,0 +1,38 @@
+"""A token embedding read from the int8 rows of the LM head it is tied to.
+
+A GGUF file with tied embeddings stores one token_embd tensor, and quantization="gguf" holds
+the LM head on its blocks (Q8_0 as int8 in groups of 32, tokenmill/quant/gguf.py). Looking the
+embeddings up in the same rows, as llama.cpp does, saves the float table a lookup would
+otherwise keep beside them: vocabulary x hidden floats, 671 MB in float32 for Gemma 3's 262,144
+tokens. A row dequantizes as the table's did (the int8 value times its group's fp16 scale, in
+float32, then cast to the model's dtype), so the embeddings keep their bits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tokenmill.quant.int8 import Int8Linear
+
+
+class TiedInt8Embedding(nn.Module):
+    def __init__(self, head: Int8Linear, dtype: torch.dtype) -> None:
+        if head.group_size is None or head.in_features % head.group_size:
+            raise ValueError("TiedInt8Embedding needs an int8 head in whole groups of inputs")
+        super().__init__()
+        # Not a submodule: the head's parameters belong to the LM head alone.
+        self._head = (head,)
+        self.dtype = dtype
+        self.embedding_dim = head.in_features
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        head = self._head[0]
+        flat = input_ids.reshape(-1)
+        groups = (len(flat), -1, head.group_size)
+        values = head.qweight[flat, : self.embedding_dim].float().view(groups)
+        values.mul_(head.scales[flat, :, None].float())
+        return values.view(*input_ids.shape, self.embedding_dim).to(self.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self._head[0].out_features}, {self.embedding_dim}, int8 rows of the LM head"
