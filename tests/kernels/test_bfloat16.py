@@ -14,10 +14,6 @@ from tokenmill.kernels import ops
 from .cases import needs_native, random_paged_batch, relative_error
 from .test_fused import gelu_tanh_and_mul_float64, merged_qkv, q_and_k_views, rope_tables
 
-needs_bfloat16_linear = pytest.mark.skipif(
-    not ops.bfloat16_linear_available(), reason="native kernels did not load on this machine"
-)
-
 
 def assert_rounded_from(actual: torch.Tensor, exact: torch.Tensor) -> None:
     """`actual` (bfloat16) is `exact` (float32) rounded to bfloat16, to within one step of
@@ -28,7 +24,7 @@ def assert_rounded_from(actual: torch.Tensor, exact: torch.Tensor) -> None:
     assert bool(((actual.float() - exact).abs() <= bound).all())
 
 
-@needs_bfloat16_linear
+@needs_native
 @pytest.mark.parametrize("rows", [1, 5, 6, 7, 13, 16, 17, 33, 64, 256])
 @pytest.mark.parametrize(
     ("n", "k"), [(70, 33), (16, 64), (33, 577), (130, 64)], ids=["odd", "one-panel", "wide", "tall"]
@@ -48,7 +44,7 @@ def test_bfloat16_linear_rounds_the_float32_product(
     assert_rounded_from(out, exact)
 
 
-@needs_bfloat16_linear
+@needs_native
 def test_bfloat16_linear_gives_a_row_the_same_bits_at_any_batch_size() -> None:
     """Each row's sums take the same steps whatever rows share its tile: decode outputs do not
     depend on what else is in the batch."""
@@ -62,7 +58,7 @@ def test_bfloat16_linear_gives_a_row_the_same_bits_at_any_batch_size() -> None:
         assert torch.equal(alone[0], together[row])
 
 
-@needs_bfloat16_linear
+@needs_native
 def test_bfloat16_linear_reads_rows_of_a_wider_tensor_where_they_lie() -> None:
     gen = torch.Generator().manual_seed(3)
     weight = torch.randn(50, 40, generator=gen).bfloat16()
@@ -75,7 +71,7 @@ def test_bfloat16_linear_reads_rows_of_a_wider_tensor_where_they_lie() -> None:
     )
 
 
-@needs_bfloat16_linear
+@needs_native
 def test_bfloat16_linear_rejects_a_weight_it_did_not_pack() -> None:
     weight = torch.randn(40, 64).bfloat16()
     packed = ops._NATIVE.pack_bfloat16_weight(weight)
@@ -87,7 +83,7 @@ def test_bfloat16_linear_rejects_a_weight_it_did_not_pack() -> None:
         ops._NATIVE.bfloat16_linear(torch.randn(2, 64).bfloat16(), weight, 40, None)
 
 
-@needs_bfloat16_linear
+@needs_native
 def test_linear_runs_a_bfloat16_weight_on_its_packed_tiles_up_to_their_bound() -> None:
     """Up to BFLOAT16_PREPACKED_MAX_ROWS (every width on the widening path), else torch's GEMM."""
     gen = torch.Generator().manual_seed(1)

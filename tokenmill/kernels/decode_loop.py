@@ -14,7 +14,6 @@ import torch
 
 from tokenmill.kernels import extension
 from tokenmill.kernels.dispatch import native_or, no_native_kernel
-from tokenmill.kernels.extension import bfloat16_linear_available
 from tokenmill.kernels.float_linear import PREPACKED_MAX_ROWS, SKINNY_MAX_ROWS
 from tokenmill.kernels.nf4_linear import NF4_KERNEL_MAX_ROWS
 from tokenmill.kernels.quant_linear import (
@@ -113,7 +112,6 @@ def _bfloat16_kernel_fits(
 ) -> bool:
     return (
         prepacked is not None
-        and bfloat16_linear_available()
         and prepacked.dtype == torch.bfloat16
         and (bias is None or bias.dtype == torch.bfloat16)
     )

@@ -81,12 +81,6 @@ def amx_available() -> bool:
     return NATIVE is not None and NATIVE.amx_available()
 
 
-def bfloat16_linear_available() -> bool:
-    """Whether bfloat16 products run natively on a packed weight: wherever the native kernels
-    load (on AMX tiles, AVX512-BF16 dot products or float32 FMAs: `bfloat16_products`)."""
-    return NATIVE is not None and NATIVE.bfloat16_linear_available()
-
-
 def bfloat16_products() -> str | None:
     """The path the native bfloat16 products take ("amx", "dot" or "widen"); None without the
     native kernels."""

@@ -20,11 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from tokenmill.kernels.dispatch import native_friendly, native_or
-from tokenmill.kernels.extension import (
-    INTEL_CPU,
-    bfloat16_linear_available,
-    bfloat16_products,
-)
+from tokenmill.kernels.extension import INTEL_CPU, bfloat16_products
 
 # Above this many rows of x, MKL's blocked GEMM beats a kernel that streams the weights once
 # (measured over SmolLM2's layer products with the weights read from DRAM).
@@ -174,7 +170,7 @@ def prepack_linear_weight(
     of x. None where neither applies (torch without oneDNN, a weight not float32 on the CPU). The
     copy is extra memory: the plain weight stays for the other paths. A bfloat16 weight, where
     the native kernels load: the tiles `bfloat16_linear` reads."""
-    if weight.dtype == torch.bfloat16 and weight.is_cpu and bfloat16_linear_available():
+    if weight.dtype == torch.bfloat16 and weight.is_cpu:
         with torch.no_grad():
             return native.pack_bfloat16_weight(weight.detach())
     if not (weight.dtype == torch.float32 and weight.is_cpu):

@@ -52,7 +52,6 @@ from tokenmill.kernels.extension import (
     INTEL_CPU,
     amx_available,
     backend,
-    bfloat16_linear_available,
     bfloat16_products,
 )
 from tokenmill.kernels.float_linear import (
@@ -184,7 +183,6 @@ __all__ = [
     "apply_token_bitmask",
     "apply_token_bitmask_reference",
     "backend",
-    "bfloat16_linear_available",
     "bfloat16_linear_kernel",
     "bfloat16_products",
     "decode_loop",

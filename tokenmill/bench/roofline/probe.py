@@ -180,7 +180,7 @@ def probe(sizes: ProbeSizes = ProbeSizes()) -> Ceilings:
     if os.environ.get("TOKENMILL_AVX512") == "0":
         ceilings.notes.append("TOKENMILL_AVX512=0: the engine's kernels run their AVX2 paths")
     products = ops.bfloat16_products()
-    if ops.bfloat16_linear_available() and products is not None:
+    if products is not None:
         path = BFLOAT16_PATHS.get(products, products)
         ceilings.notes.append(f"the engine's bfloat16 products run on {path}")
     generator = torch.Generator().manual_seed(0)

@@ -274,8 +274,6 @@ bool amx_available() {
   return available;
 }
 
-bool bfloat16_linear_available() { return true; }
-
 std::string bfloat16_products() {
   switch (bfloat16_path()) {
     case Bfloat16Products::kAmx:

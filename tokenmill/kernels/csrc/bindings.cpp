@@ -23,8 +23,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("amx_available", &tokenmill::amx_available,
         "whether this CPU and OS run AMX tiles (asks Linux for the tile state once)");
-  m.def("bfloat16_linear_available", &tokenmill::bfloat16_linear_available,
-        "whether bfloat16_linear runs here: on every CPU the library loads on");
   m.def("bfloat16_products", &tokenmill::bfloat16_products,
         "the path of bfloat16_linear: amx, dot or widen (TOKENMILL_BF16_PRODUCTS, else the CPU's)");
   m.def("pack_bfloat16_weight", &tokenmill::pack_bfloat16_weight,

@@ -22,7 +22,6 @@ bool few_row_tiles_allowed();
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                       const std::optional<at::Tensor>& bias);
 bool amx_available();
-bool bfloat16_linear_available();
 // Which path this process's bfloat16 products take: "amx", "dot" or "widen"
 // (TOKENMILL_BF16_PRODUCTS, else the CPU's rule; bfloat16_linear.cpp). Throws c10::ValueError,
 // once per call, when the setting names a path this CPU cannot run or none at all.
