@@ -27,12 +27,26 @@ class TiedInt8Embedding(nn.Module):
         self.embedding_dim = head.in_features
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # Few ops: a decode step's lookup runs right after the layers have streamed their
+        # weights through the caches, where each op costs some microseconds.
+        values, scales = self._grouped()
+        flat = input_ids if input_ids.dim() == 1 else input_ids.reshape(-1)
+        rows = torch.mul(values.index_select(0, flat), scales.index_select(0, flat))
+        if self.dtype != torch.float32:
+            rows = rows.to(self.dtype)
+        return rows.view(*input_ids.shape, self.embedding_dim)
+
+    def _grouped(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's int8 values [vocab, groups, group] and its scales as float32 [vocab,
+        groups, 1], made again only when the head's tensors change (a few MB of scales)."""
         head = self._head[0]
-        flat = input_ids.reshape(-1)
-        groups = (len(flat), -1, head.group_size)
-        values = head.qweight[flat, : self.embedding_dim].float().view(groups)
-        values.mul_(head.scales[flat, :, None].float())
-        return values.view(*input_ids.shape, self.embedding_dim).to(self.dtype)
+        key = (head.qweight.data_ptr(), head.qweight._version, head.scales._version)
+        if getattr(self, "_grouped_key", None) != key:
+            vocab, group = head.out_features, head.group_size
+            values = head.qweight[:, : self.embedding_dim].reshape(vocab, -1, group)
+            self._grouped_tensors = (values, head.scales.float()[:, :, None])
+            self._grouped_key = key
+        return self._grouped_tensors
 
     def extra_repr(self) -> str:
         return f"{self._head[0].out_features}, {self.embedding_dim}, int8 rows of the LM head"
