@@ -15,7 +15,7 @@ from tokenmill.kernels import ops
 class Embedding(nn.Embedding):
     """nn.Embedding that leaves a meta-device weight uninitialised, as Linear does: a model built
     on the meta device takes its weights from a checkpoint, and initialising them there would
-    only import torch's compiler (about a second of every start) for nothing."""
+    only import torch's compiler, at every start, for nothing."""
 
     def reset_parameters(self) -> None:
         if not self.weight.is_meta:

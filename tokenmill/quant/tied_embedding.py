@@ -3,9 +3,9 @@
 A GGUF file with tied embeddings stores one token_embd tensor, and quantization="gguf" holds
 the LM head on its blocks (Q8_0 as int8 in groups of 32, tokenmill/quant/gguf.py). Looking the
 embeddings up in the same rows, as llama.cpp does, saves the float table a lookup would
-otherwise keep beside them: vocabulary x hidden floats, 671 MB in float32 for Gemma 3's 262,144
-tokens. A row dequantizes as the table's did (the int8 value times its group's fp16 scale, in
-float32, then cast to the model's dtype), so the embeddings keep their bits.
+otherwise keep beside them: vocabulary x hidden floats, large for a large vocabulary. A row
+dequantizes as the table's did (the int8 value times its group's fp16 scale, in float32, then
+cast to the model's dtype), so the embeddings keep their bits.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class TiedInt8Embedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         # Few ops: a decode step's lookup runs right after the layers have streamed their
-        # weights through the caches, where each op costs some microseconds.
+        # weights through the caches, where every op's dispatch is slow.
         values, scales = self._grouped()
         flat = input_ids if input_ids.dim() == 1 else input_ids.reshape(-1)
         rows = torch.mul(values.index_select(0, flat), scales.index_select(0, flat))
@@ -38,7 +38,8 @@ class TiedInt8Embedding(nn.Module):
 
     def _grouped(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The head's int8 values [vocab, groups, group] and its scales as float32 [vocab,
-        groups, 1], made again only when the head's tensors change (a few MB of scales)."""
+        groups, 1] (an eighth of the int8 values' bytes), made again only when the head's
+        tensors change."""
         head = self._head[0]
         key = (head.qweight.data_ptr(), head.qweight._version, head.scales._version)
         if getattr(self, "_grouped_key", None) != key:
