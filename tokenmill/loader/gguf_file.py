@@ -174,12 +174,7 @@ class _HeaderParser:
         return value
 
     def _string(self) -> str:
-        length = self._scalar("<Q")
-        if self.pos + length > len(self.data):
-            raise ValueError(f"string of {length} bytes runs past the end at byte {self.pos}")
-        text = bytes(self.data[self.pos : self.pos + length]).decode("utf-8")
-        self.pos += length
-        return text
+        return self._strings(1)[0]
 
     def _value(self, vtype: GGUFValueType) -> Any:
         if vtype == GGUFValueType.STRING:
@@ -201,7 +196,8 @@ class _HeaderParser:
         return self._scalar(_SCALAR_FORMATS[vtype])
 
     def _strings(self, count: int) -> list[str]:
-        """`_string` `count` times, in one loop: a vocabulary is most of a header."""
+        """`count` strings, each its length then its UTF-8 bytes, in one loop: a vocabulary is
+        most of a header."""
         data, pos, end = self.data, self.pos, len(self.data)
         unpack_length = _struct("<Q").unpack_from
         strings = []

@@ -19,6 +19,11 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
 // bfloat16_widen.inc): TOKENMILL_FEW_ROW_TILES=0 leaves them out, the baseline they are measured
 // against (outputs are the same).
 bool few_row_tiles_allowed();
+// The few-rows tiles' shapes, one register budget for both: a tile of up to kFewRowTileRows rows
+// by few_row_tile_panels(rows) panels keeps at most 27 zmm sums, which with the panels' weight
+// vectors fit in the 32 zmm registers.
+constexpr int64_t kFewRowTileRows = 9;
+constexpr int64_t few_row_tile_panels(int64_t rows) { return rows <= 6 ? 4 : 3; }
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                       const std::optional<at::Tensor>& bias);
 bool amx_available();

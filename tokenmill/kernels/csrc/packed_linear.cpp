@@ -243,12 +243,8 @@ void narrow_product(const float* x, int64_t k, const float* w, int64_t panels,
 // narrow and the 12-row tiles at 1 to 9 rows. Past 9 rows they would be little more than the
 // 12-row tile without its padding, which measured no faster, so the bound stops there.
 // TOKENMILL_FEW_ROW_TILES=0 leaves them out (the baseline).
-constexpr int64_t kFewRowsMax = 9;
-constexpr int64_t kFewMaxPanels = 4;
-
-// Panels per few-rows tile of `rows` rows: at most 27 sums, so the sums and the panels' weight
-// vectors fit in the 32 zmm registers.
-constexpr int64_t few_rows_panels(int64_t rows) { return rows <= 6 ? 4 : 3; }
+constexpr int64_t kFewRowsMax = kFewRowTileRows;
+constexpr int64_t kFewMaxPanels = few_row_tile_panels(1);
 
 const bool kFewRowTiles = avx512_usable() && few_row_tiles_allowed();
 
@@ -317,7 +313,7 @@ void few_rows_product(const float* xs, int64_t m, int64_t k, const float* w, int
 #pragma omp for schedule(static)
   for (int64_t r = 0; r < m; ++r)
     for (int64_t i = 0; i < k; ++i) xp[i * m + r] = xs[r * k + i];
-  const int64_t group = few_rows_panels(m);
+  const int64_t group = few_row_tile_panels(m);
   const int64_t steps = (panels + group - 1) / group;
 #pragma omp for schedule(static)
   for (int64_t step = 0; step < steps; ++step) {
